@@ -1,0 +1,304 @@
+"""Samples, column aliases, loaders and validation.
+
+Everything the evaluator reads becomes a list of `Row`s (the raw fields of one sample, with its row number
+and, for files, its line), then `SingleTurnSample`s once the fields are checked. Validation runs before any
+judge call: each problem is a `RowError` that names the row, the line and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+FIELDS = ("user_input", "retrieved_contexts", "response", "reference")
+
+# Ragas 0.1-era names and their Ragas 0.4 equivalents.
+ALIASES = {
+    "question": "user_input",
+    "answer": "response",
+    "contexts": "retrieved_contexts",
+    "ground_truth": "reference",
+    "ground_truths": "reference",
+}
+
+
+class DataError(ValueError):
+    """The data cannot be read at all (missing file, malformed line, wrong encoding)."""
+
+
+@dataclass
+class SingleTurnSample:
+    """One RAG interaction, with Ragas 0.4's field names."""
+
+    user_input: Optional[str] = None
+    retrieved_contexts: Optional[list[str]] = None
+    response: Optional[str] = None
+    reference: Optional[str] = None
+    rubrics: Optional[dict[str, str]] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass
+class Row:
+    number: int  # 1-based position in the dataset
+    data: dict[str, Any]
+    line: Optional[int] = None  # line in the source file, where there is one
+    extra: dict[str, Any] = field(default_factory=dict)  # columns we do not score, kept in the output
+
+    @property
+    def where(self) -> str:
+        return f"row {self.number}" + (f" (line {self.line})" if self.line else "")
+
+
+@dataclass
+class RowError:
+    row: Row
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.row.where}: field '{self.field}' {self.message}"
+
+
+class ValidationError(ValueError):
+    def __init__(self, errors: list[RowError]):
+        self.errors = errors
+        shown = "\n".join(f"  {e}" for e in errors[:50])
+        more = f"\n  ... and {len(errors) - 50} more" if len(errors) > 50 else ""
+        super().__init__(f"{len(errors)} invalid field(s):\n{shown}{more}")
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+def load_rows(source: Any) -> list[Row]:
+    """Rows from a file path (.jsonl/.json/.csv/.parquet), a list of dicts, a dict of columns, a pandas
+    DataFrame, a Hugging Face Dataset, or a list of SingleTurnSample."""
+    if isinstance(source, (str, Path)):
+        return _load_file(Path(source))
+    if isinstance(source, dict):
+        return _from_columns(source)
+    if hasattr(source, "to_pandas") and hasattr(source, "column_names"):  # datasets.Dataset
+        return _from_records(source.to_pandas().to_dict("records"))
+    if hasattr(source, "to_dict") and hasattr(source, "columns"):  # pandas.DataFrame
+        return _from_records(source.to_dict("records"))
+    if hasattr(source, "samples"):  # EvaluationDataset
+        return load_rows(source.samples)
+    if isinstance(source, Iterable):
+        items = list(source)
+        return _from_records([s.to_dict() if isinstance(s, SingleTurnSample) else s for s in items])
+    raise DataError(f"cannot read a dataset from {type(source).__name__}")
+
+
+def _from_records(records: list[Any], lines: Optional[list[int]] = None) -> list[Row]:
+    rows = []
+    for i, rec in enumerate(records):
+        line = lines[i] if lines else None
+        if not isinstance(rec, dict):
+            where = f"row {i + 1}" + (f" (line {line})" if line else "")
+            raise DataError(f"{where}: expected an object with named fields, got {type(rec).__name__}")
+        rows.append(_make_row(i + 1, rec, line))
+    return rows
+
+
+def _from_columns(columns: dict[str, Any]) -> list[Row]:
+    lengths = {k: len(v) for k, v in columns.items() if isinstance(v, (list, tuple))}
+    if len(lengths) != len(columns):
+        bad = [k for k in columns if k not in lengths]
+        raise DataError(f"a dict of columns needs a list per column; not a list: {', '.join(bad)}")
+    if len(set(lengths.values())) > 1:
+        raise DataError(f"columns have different lengths: {lengths}")
+    n = next(iter(lengths.values()), 0)
+    return _from_records([{k: columns[k][i] for k in columns} for i in range(n)])
+
+
+def _make_row(number: int, record: dict[str, Any], line: Optional[int]) -> Row:
+    data: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in record.items():
+        name = ALIASES.get(key, key)
+        if name in FIELDS or name == "rubrics":
+            if key == "ground_truths" and isinstance(value, (list, tuple)):
+                value = "\n".join(str(v) for v in value)
+            if name not in data or data[name] is None:  # a canonical name wins over its alias
+                data[name] = _plain(value)
+        else:
+            extra[key] = _plain(value)
+    return Row(number, data, line, extra)
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays and NaN cells from DataFrames and HF datasets -> plain Python values."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _load_file(path: Path) -> list[Row]:
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        try:
+            return _from_records(pd.read_parquet(path).to_dict("records"))
+        except ImportError as exc:
+            raise DataError(f"{path}: reading Parquet needs pyarrow ({exc})") from None
+    text_lines = _decode_lines(path)
+    if suffix in (".jsonl", ".ndjson"):
+        return _parse_jsonl(path, text_lines)
+    if suffix == ".json":
+        return _parse_json(path, "".join(text_lines))
+    if suffix in (".csv", ".tsv"):
+        return _parse_csv(path, "".join(text_lines), "\t" if suffix == ".tsv" else ",")
+    raise DataError(f"{path}: unknown file type {suffix!r} (use .jsonl, .json, .csv, .tsv or .parquet)")
+
+
+def _decode_lines(path: Path) -> list[str]:
+    lines = []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path} line {number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                    f"{exc.start + 1}); save the file as UTF-8"
+                ) from None
+    return lines
+
+
+def _parse_jsonl(path: Path, lines: list[str]) -> list[Row]:
+    records, numbers = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        numbers.append(number)
+    return _from_records(records, numbers)
+
+
+def _parse_json(path: Path, text: str) -> list[Row]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if isinstance(data, dict):
+        return _from_columns(data)
+    if isinstance(data, list):
+        return _from_records(data)
+    raise DataError(f"{path}: expected a list of rows or a dict of columns")
+
+
+def _parse_csv(path: Path, text: str, delimiter: str) -> list[Row]:
+    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
+    records, numbers = [], []
+    try:
+        for rec in reader:
+            records.append({k: _csv_cell(k, v) for k, v in rec.items() if k is not None})
+            numbers.append(reader.line_num)
+    except csv.Error as exc:
+        raise DataError(f"{path} line {reader.line_num}: {exc}") from None
+    return _from_records(records, numbers)
+
+
+def _csv_cell(column: str, value: Optional[str]) -> Any:
+    """CSV cells are strings; a contexts column may hold a JSON list (as pandas' to_csv writes it)."""
+    if value is None or value == "":
+        return None
+    if ALIASES.get(column, column) == "retrieved_contexts":
+        stripped = value.strip()
+        if stripped.startswith("["):
+            try:
+                parsed = json.loads(stripped)
+                if isinstance(parsed, list):
+                    return parsed
+            except json.JSONDecodeError:
+                pass
+        return [value]
+    return value
+
+
+# ---- validation ---------------------------------------------------------------------------------------
+
+def check_row(row: Row, required: Iterable[str]) -> list[RowError]:
+    """Type-check every present field and require the given ones to be present and non-empty."""
+    errors = []
+    data = row.data
+    for name in FIELDS:
+        value = data.get(name)
+        if value is None:
+            continue
+        if name == "retrieved_contexts":
+            if not isinstance(value, (list, tuple)):
+                errors.append(RowError(row, name, f"must be a list of strings, got {type(value).__name__}"))
+            else:
+                for i, ctx in enumerate(value):
+                    if not isinstance(ctx, str):
+                        errors.append(RowError(row, name, f"item {i} must be a string, got {type(ctx).__name__}"))
+        elif not isinstance(value, str):
+            errors.append(RowError(row, name, f"must be a string, got {type(value).__name__}"))
+    bad = {e.field for e in errors}
+    for name in required:
+        if name in bad:
+            continue
+        value = data.get(name)
+        if value is None:
+            errors.append(RowError(row, name, "is missing"))
+        elif name == "retrieved_contexts" and not any(isinstance(c, str) and c.strip() for c in value):
+            errors.append(RowError(row, name, "is empty"))
+        elif isinstance(value, str) and not value.strip():
+            errors.append(RowError(row, name, "is empty"))
+    rubrics = data.get("rubrics")
+    if rubrics is not None and not isinstance(rubrics, dict):
+        errors.append(RowError(row, "rubrics", f"must be an object, got {type(rubrics).__name__}"))
+    return errors
+
+
+def to_sample(row: Row) -> SingleTurnSample:
+    data = row.data
+    contexts = data.get("retrieved_contexts")
+    return SingleTurnSample(
+        user_input=data.get("user_input"),
+        retrieved_contexts=[c for c in contexts if c.strip()] if contexts else None,
+        response=data.get("response"),
+        reference=data.get("reference"),
+        rubrics=data.get("rubrics"),
+    )
+
+
+class EvaluationDataset:
+    """A list of samples, as in Ragas (`EvaluationDataset.from_list(...)`)."""
+
+    def __init__(self, samples: list[SingleTurnSample]):
+        self.samples = samples
+
+    @classmethod
+    def from_list(cls, records: list[dict[str, Any]]) -> "EvaluationDataset":
+        return cls([to_sample(r) for r in load_rows(records)])
+
+    @classmethod
+    def from_pandas(cls, df: Any) -> "EvaluationDataset":
+        return cls([to_sample(r) for r in load_rows(df)])
+
+    @classmethod
+    def from_hf_dataset(cls, ds: Any) -> "EvaluationDataset":
+        return cls([to_sample(r) for r in load_rows(ds)])
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self):
+        return iter(self.samples)

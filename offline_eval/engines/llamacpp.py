@@ -1,0 +1,116 @@
+"""llama.cpp in process (llama-cpp-python, GGUF weights, CPU).
+
+Constraints use llama.cpp's own GBNF grammars: they need no compile step, work for any vocabulary and are
+enforced inside the sampler (see scripts/bench_constraints.py for the comparison with outlines).
+Requests run one after another: on a CPU the model is compute-bound, and consecutive requests that share
+a prompt prefix reuse llama.cpp's KV cache.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+
+
+class LlamaCppEngine:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        name: Optional[str] = None,
+        n_ctx: int = 8192,
+        n_threads: Optional[int] = None,
+        seed: int = 0,
+    ):
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise EngineError(
+                "the llama.cpp engine needs llama-cpp-python: pip install 'offline-eval[cpu]'"
+            ) from None
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise EngineError(f"GGUF file not found: {self.model_path}")
+        threads = n_threads or int(os.environ.get("OFFLINE_EVAL_THREADS", 0)) or os.cpu_count() or 1
+        try:
+            self._llm = Llama(
+                model_path=str(self.model_path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                seed=seed,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise EngineError(f"llama.cpp could not load {self.model_path}: {exc}") from None
+        self.n_ctx = n_ctx
+        self.identity = {
+            "engine": "llamacpp",
+            "model": name or self.model_path.stem,
+            "weights": str(self.model_path),
+            "weights_size": self.model_path.stat().st_size,
+        }
+        self._grammars: dict[str, Any] = {}
+        self._lock = threading.Lock()  # one Llama context: calls must not interleave
+
+    def _grammar(self, request: JudgeRequest) -> Any:
+        from llama_cpp import LlamaGrammar
+
+        key = request.constraint.key
+        if key not in self._grammars:
+            self._grammars[key] = LlamaGrammar.from_string(request.constraint.gbnf(), verbose=False)
+        return self._grammars[key]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._llm.tokenize(text.encode(), add_bos=False, special=False))
+
+    def generate(
+        self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
+    ) -> list[JudgeOutput]:
+        outputs = []
+        with self._lock:
+            for request in requests:
+                outputs.append(self._one(request))
+                if progress:
+                    progress(1)
+        return outputs
+
+    def _one(self, request: JudgeRequest) -> JudgeOutput:
+        try:
+            result = self._llm.create_chat_completion(
+                messages=request.chat(),
+                grammar=self._grammar(request),
+                temperature=request.sampling.temperature,
+                seed=request.sampling.seed,
+                max_tokens=request.max_tokens,
+            )
+        except ValueError as exc:  # e.g. prompt + max_tokens exceed the context window
+            return JudgeOutput(text="", value=None, finish_reason="error", meta={"error": str(exc)})
+        choice = result["choices"][0]
+        text = choice["message"]["content"] or ""
+        usage = result.get("usage", {})
+        out = JudgeOutput(
+            text=text,
+            value=None,
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+            finish_reason=choice.get("finish_reason") or "stop",
+        )
+        if out.finish_reason == "length":  # llama.cpp shrinks max_tokens to what the context has left
+            out.meta["error"] = (
+                f"input too long: {out.prompt_tokens} prompt tokens leave less than the "
+                f"{request.max_tokens} output tokens this judge call may need (n_ctx {self.n_ctx})"
+            )
+            return out
+        # The grammar makes anything else impossible; a violation means the constraint did not bite.
+        out.value = request.constraint.parse(text)
+        return out
+
+    def close(self) -> None:
+        llm, self._llm = getattr(self, "_llm", None), None
+        if llm is not None:
+            llm.close()

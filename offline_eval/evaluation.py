@@ -1,0 +1,161 @@
+"""`evaluate(dataset, metrics=[...])` and its result, as in Ragas."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_rows, to_sample
+from .metrics import ALL, Metric, MetricResult, metric_by_name
+from .metrics.base import Metric as _Metric
+from .judges import resolve_judge
+from .scheduler import Progress, RunStats, run_metrics
+
+_ALIASES = {"answer_relevance": "answer_relevancy"}
+
+
+def default_metrics(rows: Sequence[Row]) -> list[Metric]:
+    """Every metric whose required fields the data has (in at least one row)."""
+    present = {name for row in rows for name, value in row.data.items() if value is not None}
+    return [cls() for cls in ALL if set(cls.required) <= present and cls.name != "rubrics_score"]
+
+
+def select_metrics(metrics: Optional[Sequence[Any]], rows: Sequence[Row]) -> list[Metric]:
+    if metrics is None:
+        chosen = default_metrics(rows)
+        if not chosen:
+            raise ValueError("the data has none of the fields any metric needs "
+                             f"({', '.join(FIELDS)}, or their aliases)")
+        return chosen
+    chosen = [metric_by_name(m) if isinstance(m, str) else m for m in metrics]
+    for m in chosen:
+        if not isinstance(m, _Metric):
+            raise TypeError(f"not a metric: {m!r}")
+    names = [m.name for m in chosen]
+    if len(set(names)) != len(names):
+        raise ValueError(f"metrics listed twice: {names}")
+    return chosen
+
+
+def validate(rows: Sequence[Row], metrics: Sequence[Metric]) -> list[RowError]:
+    required = sorted({f for m in metrics for f in m.required}, key=FIELDS.index)
+    return [e for row in rows for e in check_row(row, required)]
+
+
+def evaluate(
+    dataset: Any,
+    metrics: Optional[Sequence[Any]] = None,
+    llm: Any = None,
+    embeddings: Any = None,
+    skip_invalid: bool = False,
+    show_progress: bool = True,
+    progress: Optional[Progress] = None,
+) -> "EvaluationResult":
+    """Score `dataset` (a file path, list of dicts, dict of columns, DataFrame or HF Dataset) with
+    `metrics` (instances or names; default: all that the data's fields allow).
+
+    Every row is validated before the first judge call. Invalid rows raise `ValidationError` listing them
+    all, unless `skip_invalid`, which scores the rest and records the skipped rows in the result."""
+    rows = load_rows(dataset)
+    chosen = select_metrics(metrics, rows)
+    errors = validate(rows, chosen)
+    if errors and not skip_invalid:
+        raise ValidationError(errors)
+    bad = {e.row.number for e in errors}
+    good = [r for r in rows if r.number not in bad]
+    # One judge per run: the one given, else the first metric's, else the default.
+    engine = resolve_judge(llm if llm is not None else next((m.llm for m in chosen if m.llm is not None), None))
+    stats = RunStats()
+    results = run_metrics([to_sample(r) for r in good], chosen, judge=engine, embeddings=embeddings,
+                          progress=progress, stats=stats, show_progress=show_progress and progress is None)
+    by_row: dict[int, dict[str, MetricResult]] = {r.number: res for r, res in zip(good, results)}
+    return EvaluationResult(rows, by_row, [m.name for m in chosen], errors, stats, engine.identity)
+
+
+class EvaluationResult:
+    def __init__(self, rows: list[Row], results: dict[int, dict[str, MetricResult]], metric_names: list[str],
+                 errors: list[RowError], stats: RunStats, judge: dict[str, Any]):
+        self.rows = rows
+        self.results = results
+        self.metric_names = metric_names
+        self.errors = errors
+        self.stats = stats
+        self.judge = judge
+
+    @property
+    def scores(self) -> list[dict[str, Optional[float]]]:
+        """Per scored sample: {metric: value}."""
+        return [{n: res[n].value for n in self.metric_names} for res in self.results.values()]
+
+    def values(self, name: str) -> list[Optional[float]]:
+        name = _ALIASES.get(name, name)
+        if name not in self.metric_names:
+            raise KeyError(f"{name!r} was not evaluated; metrics: {', '.join(self.metric_names)}")
+        return [res[name].value for res in self.results.values()]
+
+    def __getitem__(self, name: str) -> float:
+        """The mean over samples that have a value (NaN if none has)."""
+        valid = [v for v in self.values(name) if v is not None]
+        return sum(valid) / len(valid) if valid else math.nan
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in self.metric_names:
+            values = self.values(name)
+            valid = [v for v in values if v is not None]
+            out[name] = {"mean": self[name], "scored": len(valid), "no_value": len(values) - len(valid)}
+        return out
+
+    def __repr__(self) -> str:
+        return repr({n: round(self[n], 4) for n in self.metric_names})
+
+    def to_pandas(self):
+        import pandas as pd
+
+        records = []
+        for row in self.rows:
+            res = self.results.get(row.number)
+            rec = {**row.extra, **{f: row.data.get(f) for f in FIELDS if f in row.data}}
+            for name in self.metric_names:
+                value = res[name].value if res else None
+                rec[name] = math.nan if value is None else value
+            records.append(rec)
+        return pd.DataFrame.from_records(records)
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON-ready record per input row: inputs, and per metric value, reason, details and the
+        raw judge outputs; skipped rows carry their validation errors instead."""
+        out = []
+        row_errors: dict[int, list[str]] = {}
+        for e in self.errors:
+            row_errors.setdefault(e.row.number, []).append(str(e))
+        for row in self.rows:
+            rec: dict[str, Any] = {"row": row.number, **({"line": row.line} if row.line else {}), **row.extra}
+            rec.update({f: row.data.get(f) for f in FIELDS if row.data.get(f) is not None})
+            res = self.results.get(row.number)
+            if res is None:
+                rec["skipped"] = row_errors.get(row.number, ["not scored"])
+            else:
+                rec["metrics"] = {
+                    name: {"value": r.value, "reason": r.reason, "details": r.details,
+                           "judge_calls": r.judge_calls}
+                    for name, r in res.items()
+                }
+            out.append(rec)
+        return out
+
+    def write_jsonl(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rec in self.records():
+                f.write(json.dumps(rec, ensure_ascii=False, default=_json_default) + "\n")
+        tmp.replace(path)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -1,0 +1,158 @@
+"""What a metric is: its inputs, its judge stages and its scoring math, and nothing else.
+
+A metric's `plan(sample, lang)` is a generator. Each `yield` hands the scheduler one stage — a list of
+`JudgeRequest`s and `Embed`s — and receives their results in the same order; the generator's return value
+is the `MetricResult`. So a metric states *what* to ask, in order (claims, then one verdict per claim), and
+never calls an engine or loops over a dataset: the scheduler runs the plans of every sample together and
+batches each stage across them.
+
+The public methods (`score`, `ascore`, `batch_score`, `single_turn_ascore`) mirror Ragas 0.4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Generator, Iterable, Optional, Sequence, Union
+
+from ..constraints import Choice
+from ..dataset import SingleTurnSample, ValidationError, check_row, load_rows, to_sample
+from ..engines.base import JudgeOutput, JudgeRequest, Sampling
+
+
+@dataclass
+class MetricResult:
+    """A metric's score for one sample. `value` is None when the sample has nothing to score (for example
+    a response with no claims, as Ragas' NaN); `reason` explains the score in words."""
+
+    value: Optional[float]
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    judge_calls: list[dict[str, Any]] = field(default_factory=list)  # raw judge outputs, in call order
+
+    def __float__(self) -> float:
+        return math.nan if self.value is None else float(self.value)
+
+    def __repr__(self) -> str:
+        return f"MetricResult(value={self.value!r}, reason={self.reason[:60]!r})"
+
+
+@dataclass(frozen=True)
+class Embed:
+    """A stage item asking for sentence embeddings of `texts` (unit-normalised vectors)."""
+
+    texts: tuple[str, ...]
+
+
+StageItem = Union[JudgeRequest, Embed]
+Plan = Generator[list[StageItem], list[Any], MetricResult]
+
+YES_NO = Choice(("yes", "no"))
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+def detect_language(*texts: Optional[str]) -> str:
+    """'zh' when the text is mostly CJK, else 'en'. Prompts and generated questions follow it."""
+    text = " ".join(t for t in texts if t)
+    letters = [c for c in text if c.isalpha()]
+    if not letters:
+        return "en"
+    cjk = sum(1 for c in letters if _CJK.match(c))
+    return "zh" if cjk / len(letters) >= 0.3 else "en"
+
+
+def request(system: str, user: str, constraint: Any, tag: str, sampling: Sampling = Sampling()) -> JudgeRequest:
+    """A judge request: fixed instructions as the system message, the sample's text last."""
+    return JudgeRequest((("system", system), ("user", user)), constraint, sampling, tag=tag)
+
+
+def numbered(items: Sequence[str]) -> str:
+    return "\n".join(f"[{i}] {item}" for i, item in enumerate(items, 1))
+
+
+def mean_of_valid(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The mean of the values that are not None (Ragas: 'if only one rating is valid, use it')."""
+    valid = [v for v in values if v is not None]
+    return sum(valid) / len(valid) if valid else None
+
+
+def rating(output: JudgeOutput, scale: float) -> Optional[float]:
+    """A constrained rating output scaled to [0, 1]; None if the call failed (e.g. input too long)."""
+    return None if output.value is None else int(output.value) / scale
+
+
+def verdict(output: JudgeOutput) -> Optional[bool]:
+    return None if output.value is None else output.value == "yes"
+
+
+class Metric:
+    """Base class. Subclasses set `name`, `required` (sample fields) and implement `plan`."""
+
+    name: str = ""
+    required: tuple[str, ...] = ()
+    needs_embeddings: bool = False
+
+    def __init__(self, llm: Any = None, embeddings: Any = None, name: Optional[str] = None,
+                 language: str = "auto"):
+        self.llm = llm
+        self.embeddings = embeddings
+        if name:
+            self.name = name
+        if language not in ("auto", "en", "zh"):
+            raise ValueError("language must be 'auto', 'en' or 'zh'")
+        self.language = language
+
+    # ---- what subclasses implement -------------------------------------------------------------------
+    def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
+        raise NotImplementedError
+
+    def language_of(self, sample: SingleTurnSample) -> str:
+        if self.language != "auto":
+            return self.language
+        return detect_language(sample.user_input or sample.response or sample.reference)
+
+    # ---- Ragas-style API -----------------------------------------------------------------------------
+    def score(self, **fields: Any) -> MetricResult:
+        return self.batch_score([fields])[0]
+
+    async def ascore(self, **fields: Any) -> MetricResult:
+        return (await self.abatch_score([fields]))[0]
+
+    def batch_score(self, inputs: list[dict[str, Any]], show_progress: bool = False) -> list[MetricResult]:
+        from ..scheduler import run_metrics
+
+        samples = self._samples(inputs)
+        return [r[self.name] for r in run_metrics(samples, [self], show_progress=show_progress)]
+
+    async def abatch_score(self, inputs: list[dict[str, Any]]) -> list[MetricResult]:
+        return await asyncio.to_thread(self.batch_score, inputs)
+
+    async def single_turn_ascore(self, sample: SingleTurnSample) -> float:
+        return float((await self.abatch_score([sample.to_dict()]))[0])
+
+    def single_turn_score(self, sample: SingleTurnSample) -> float:
+        return float(self.batch_score([sample.to_dict()])[0])
+
+    def _samples(self, inputs: list[dict[str, Any]]) -> list[SingleTurnSample]:
+        rows = load_rows(inputs)
+        errors = [e for row in rows for e in check_row(row, self.required)]
+        if errors:
+            raise ValidationError(errors)
+        return [to_sample(row) for row in rows]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: dict[str, str]) -> Plan:
+    """The NVIDIA-style dual judge: two templates rate the same sample; each rating is scaled to [0, 1]
+    and the score is the mean of the valid ones (if only one is valid, that one)."""
+    outputs = yield [first, second]
+    ratings = [rating(o, scale) for o in outputs]
+    score = mean_of_valid(ratings)
+    raw = [o.value for o in outputs]
+    reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}): {labels.get(str(raw[0]), '')}".rstrip(": ")
+    return MetricResult(score, reason, {"ratings": raw})

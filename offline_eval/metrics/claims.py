@@ -1,0 +1,88 @@
+"""The two judge stages that claim-based metrics share: split a text into atomic claims, and check one
+claim against a source text. Faithfulness, ContextRecall and AnswerCorrectness all use them, so identical
+requests from different metrics are deduplicated by the scheduler."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..constraints import JsonSchema, array, obj, string
+from ..engines.base import JudgeOutput, JudgeRequest
+from .base import YES_NO, numbered, request
+
+MAX_CLAIMS = 8
+MAX_CLAIM_CHARS = 150
+
+CLAIMS = JsonSchema.of(obj(claims=array(string(MAX_CLAIM_CHARS, min_length=1), MAX_CLAIMS)), "claims")
+
+_EXTRACT = {
+    "en": f"""You split a text into atomic claims.
+A claim is one short, self-contained statement of fact made by the text. Replace pronouns with what they refer to, keep names, numbers, dates and units exactly as written, and add nothing the text does not say. Greetings, questions, opinions about the conversation and refusals are not claims.
+Write the claims in the language of the text. Give at most {MAX_CLAIMS} claims; if the text states no facts, give an empty list.
+Reply with JSON: {{"claims": ["...", "..."]}}
+
+Example
+Question: Who was Albert Einstein?
+Text: He was a German-born theoretical physicist, best known for the theory of relativity.
+{{"claims":["Albert Einstein was a German-born theoretical physicist.","Albert Einstein is best known for the theory of relativity."]}}""",
+    "zh": f"""你的任务是把一段文本拆分为原子声明（claims）。
+每条声明是文本中一个简短、独立、可核验的事实陈述：把代词替换为所指的对象，名称、数字、日期和单位保持原样，不要添加文本没有说的内容。问候、提问、对对话的评论和拒答都不是声明。
+声明使用与文本相同的语言。最多 {MAX_CLAIMS} 条；如果文本没有陈述任何事实，返回空列表。
+只输出 JSON：{{"claims": ["...", "..."]}}
+
+示例
+问题：介绍一下北京。
+文本：北京是中国的首都，拥有故宫等著名景点，常住人口超过5000万。
+{{"claims":["北京是中国的首都。","北京拥有故宫等著名景点。","北京常住人口超过5000万。"]}}""",
+}
+
+_CHECK = {
+    "en": """You check whether a claim is supported by a source text.
+Answer "yes" if the source states the claim or it clearly follows from the source.
+Answer "no" if the source contradicts the claim, or does not contain the information needed to confirm it.
+Judge only by the source text, never by your own knowledge.""",
+    "zh": """你的任务是判断一条声明能否从给定的原文中得到支持。
+如果原文明确陈述了该声明，或可以从原文直接推出，回答 "yes"。
+如果原文与该声明矛盾，或原文没有足以确认它的信息，回答 "no"。
+只依据原文判断，不要使用你自己的知识。""",
+}
+
+_CHECK_USER = {
+    "en": "Source text:\n{source}\n\nClaim: {claim}\n\nIs the claim supported by the source text? Answer yes or no.",
+    "zh": "原文：\n{source}\n\n声明：{claim}\n\n这条声明能否从原文中得到支持？回答 yes 或 no。",
+}
+
+
+def extract_claims(text: str, question: Optional[str], lang: str, tag: str = "claims") -> JudgeRequest:
+    q = {"en": "Question", "zh": "问题"}[lang]
+    t = {"en": "Text", "zh": "文本"}[lang]
+    user = (f"{q}: {question}\n" if question else "") + f"{t}: {text}"
+    return request(_EXTRACT[lang], user, CLAIMS, tag)
+
+
+def check_claim(claim: str, sources: Sequence[str], lang: str, tag: str = "verdict") -> JudgeRequest:
+    source = numbered(sources) if len(sources) > 1 else sources[0]
+    return request(_CHECK[lang], _CHECK_USER[lang].format(source=source, claim=claim), YES_NO, tag)
+
+
+def claims_of(output: JudgeOutput) -> Optional[list[str]]:
+    """The claims from an extraction output, without duplicates; None if the call failed."""
+    if output.value is None:
+        return None
+    seen: dict[str, None] = {}
+    for claim in output.value["claims"]:
+        claim = claim.strip()
+        if claim:
+            seen.setdefault(claim, None)
+    return list(seen)
+
+
+def supported_share(verdicts: Sequence[Optional[bool]]) -> Optional[float]:
+    """Supported claims / claims with a verdict; None when no claim got one."""
+    valid = [v for v in verdicts if v is not None]
+    return sum(valid) / len(valid) if valid else None
+
+
+def verdict_lines(claims: Sequence[str], verdicts: Sequence[Optional[bool]]) -> str:
+    marks = {True: "supported", False: "not supported", None: "no verdict"}
+    return "\n".join(f"- [{marks[v]}] {c}" for c, v in zip(claims, verdicts))

@@ -1,0 +1,54 @@
+"""Context Precision (with reference): are the useful contexts ranked first?
+
+For each retrieved context the judge says whether it was useful for arriving at the reference answer
+(yes/no). The score is the average precision of those verdicts:
+    sum_k (precision@k * v_k) / (number of useful contexts)
+and 0 when no context is useful.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..dataset import SingleTurnSample
+from .base import YES_NO, Metric, MetricResult, Plan, request, verdict
+
+_PROMPT = {
+    "en": """You are given a question, its reference answer and one retrieved context.
+Answer "yes" if the context was useful in arriving at the reference answer: it contains information that the answer uses or that supports it.
+Answer "no" if the context does not help to arrive at the reference answer.""",
+    "zh": """给定一个问题、它的参考答案和一段检索到的上下文。
+如果这段上下文有助于得出参考答案（包含参考答案用到或能支持参考答案的信息），回答 "yes"。
+如果这段上下文对得出参考答案没有帮助，回答 "no"。""",
+}
+
+_USER = {
+    "en": "Question: {q}\nReference answer: {r}\n\nContext: {c}\n\nWas the context useful in arriving at the reference answer? Answer yes or no.",
+    "zh": "问题：{q}\n参考答案：{r}\n\n上下文：{c}\n\n这段上下文是否有助于得出参考答案？回答 yes 或 no。",
+}
+
+
+def average_precision(verdicts: Sequence[Optional[bool]]) -> Optional[float]:
+    """Average precision over the ranked verdicts (failed verdicts count as not useful)."""
+    if not verdicts or all(v is None for v in verdicts):
+        return None
+    hits, total = 0, 0.0
+    for k, useful in enumerate(verdicts, 1):
+        if useful:
+            hits += 1
+            total += hits / k
+    return total / hits if hits else 0.0
+
+
+class ContextPrecision(Metric):
+    name = "context_precision"
+    required = ("user_input", "retrieved_contexts", "reference")
+
+    def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
+        q, r = sample.user_input, sample.reference
+        outputs = yield [request(_PROMPT[lang], _USER[lang].format(q=q, r=r, c=c), YES_NO, f"context[{i}]")
+                         for i, c in enumerate(sample.retrieved_contexts)]
+        verdicts = [verdict(o) for o in outputs]
+        marks = "".join({True: "1", False: "0", None: "?"}[v] for v in verdicts)
+        reason = f"usefulness of the contexts in rank order: {marks}"
+        return MetricResult(average_precision(verdicts), reason, {"verdicts": verdicts})
