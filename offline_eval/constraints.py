@@ -62,7 +62,7 @@ class JsonSchema:
     @classmethod
     def of(cls, schema: dict[str, Any], name: str = "output") -> "JsonSchema":
         _check_schema(schema, "$")
-        return cls(json.dumps(schema, ensure_ascii=False, sort_keys=True), name)
+        return cls(json.dumps(schema, ensure_ascii=False), name)  # keeps property order
 
     @property
     def schema(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ judge call: each problem is a `RowError` that names the row, the line and the fi
 
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 FIELDS = ("user_input", "retrieved_contexts", "response", "reference")
+RUBRIC_KEYS = tuple(f"score{i}_description" for i in range(1, 6))  # as RubricsScore expects them
 
 # Ragas 0.1-era names and their Ragas 0.4 equivalents.
 ALIASES = {
@@ -82,6 +84,8 @@ def load_rows(source: Any) -> list[Row]:
     DataFrame, a Hugging Face Dataset, or a list of SingleTurnSample."""
     if isinstance(source, (str, Path)):
         return _load_file(Path(source))
+    if isinstance(source, list) and source and all(isinstance(r, Row) for r in source):
+        return source  # already loaded (keeps file line numbers)
     if isinstance(source, dict):
         return _from_columns(source)
     if hasattr(source, "to_pandas") and hasattr(source, "column_names"):  # datasets.Dataset
@@ -124,10 +128,12 @@ def _make_row(number: int, record: dict[str, Any], line: Optional[int]) -> Row:
     for key, value in record.items():
         name = ALIASES.get(key, key)
         if name in FIELDS or name == "rubrics":
+            value = _plain(value)
             if key == "ground_truths" and isinstance(value, (list, tuple)):
                 value = "\n".join(str(v) for v in value)
-            if name not in data or data[name] is None:  # a canonical name wins over its alias
-                data[name] = _plain(value)
+            # a canonical name wins over its alias, in whichever order the columns come
+            if data.get(name) is None or (key == name and value is not None):
+                data[name] = value
         else:
             extra[key] = _plain(value)
     return Row(number, data, line, extra)
@@ -215,18 +221,20 @@ def _parse_csv(path: Path, text: str, delimiter: str) -> list[Row]:
 
 
 def _csv_cell(column: str, value: Optional[str]) -> Any:
-    """CSV cells are strings; a contexts column may hold a JSON list (as pandas' to_csv writes it)."""
+    """CSV cells are strings; a contexts column may hold a JSON list, or the Python list repr that pandas'
+    to_csv writes (['a', 'b'])."""
     if value is None or value == "":
         return None
     if ALIASES.get(column, column) == "retrieved_contexts":
         stripped = value.strip()
         if stripped.startswith("["):
-            try:
-                parsed = json.loads(stripped)
+            for parse in (json.loads, ast.literal_eval):
+                try:
+                    parsed = parse(stripped)
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    continue
                 if isinstance(parsed, list):
                     return parsed
-            except json.JSONDecodeError:
-                pass
         return [value]
     return value
 
@@ -264,6 +272,8 @@ def check_row(row: Row, required: Iterable[str]) -> list[RowError]:
     rubrics = data.get("rubrics")
     if rubrics is not None and not isinstance(rubrics, dict):
         errors.append(RowError(row, "rubrics", f"must be an object, got {type(rubrics).__name__}"))
+    elif rubrics is not None and set(rubrics) != set(RUBRIC_KEYS):
+        errors.append(RowError(row, "rubrics", f"must have exactly the keys {', '.join(RUBRIC_KEYS)}"))
     return errors
 
 

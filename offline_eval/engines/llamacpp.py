@@ -71,13 +71,16 @@ class LlamaCppEngine:
     def generate(
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
     ) -> list[JudgeOutput]:
-        outputs = []
+        # llama.cpp reuses the KV cache of the longest prefix shared with the previous prompt, so run
+        # requests that share instructions (and contexts) back to back, then restore the caller's order.
+        order = sorted(range(len(requests)), key=lambda i: requests[i].messages)
+        outputs: list[Optional[JudgeOutput]] = [None] * len(requests)
         with self._lock:
-            for request in requests:
-                outputs.append(self._one(request))
+            for i in order:
+                outputs[i] = self._one(requests[i])
                 if progress:
                     progress(1)
-        return outputs
+        return outputs  # type: ignore[return-value]
 
     def _one(self, request: JudgeRequest) -> JudgeOutput:
         try:

@@ -154,5 +154,6 @@ def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: 
     ratings = [rating(o, scale) for o in outputs]
     score = mean_of_valid(ratings)
     raw = [o.value for o in outputs]
-    reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}): {labels.get(str(raw[0]), '')}".rstrip(": ")
+    said = [f"judge {i}: {labels[r]}" for i, r in enumerate(raw, 1) if r is not None]
+    reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}); " + "; ".join(said or ["no valid rating"])
     return MetricResult(score, reason, {"ratings": raw})
