@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as _Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .scheduler import Progress
@@ -12,6 +13,7 @@ class RichProgress(Progress):
         self._bar = _Bar(
             TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TextColumn("calls"),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False,
+            console=Console(stderr=True),
         )
         self._bar.__enter__()
         self._task = self._bar.add_task("judging", total=0)

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from ..constraints import JsonSchema, array, obj, string
 from ..engines.base import JudgeOutput, JudgeRequest
-from .base import YES_NO, numbered, request
+from .base import YES_NO, MetricResult, Plan, numbered, request, verdict
 
 MAX_CLAIMS = 8
 MAX_CLAIM_CHARS = 150
@@ -86,3 +86,20 @@ def supported_share(verdicts: Sequence[Optional[bool]]) -> Optional[float]:
 def verdict_lines(claims: Sequence[str], verdicts: Sequence[Optional[bool]]) -> str:
     marks = {True: "supported", False: "not supported", None: "no verdict"}
     return "\n".join(f"- [{marks[v]}] {c}" for c, v in zip(claims, verdicts))
+
+
+def claims_supported_by(text: str, question: Optional[str], sources: Sequence[str], lang: str, what: str,
+                        tag: str = "claims") -> Plan:
+    """Split `text` into claims and check each against `sources`: supported / total, with the claims and
+    verdicts as the reason. `what` names the text in reasons ("response", "reference")."""
+    (out,) = yield [extract_claims(text, question, lang, tag)]
+    claims = claims_of(out)
+    if claims is None:
+        return MetricResult(None, f"claim extraction failed: {out.meta.get('error')}")
+    if not claims:
+        return MetricResult(None, f"the {what} makes no factual claims", {"claims": []})
+    outputs = yield [check_claim(c, sources, lang, f"verdict[{i}]") for i, c in enumerate(claims)]
+    verdicts = [verdict(o) for o in outputs]
+    supported = sum(v is True for v in verdicts)
+    reason = f"{supported}/{len(claims)} {what} claims supported by the contexts:\n" + verdict_lines(claims, verdicts)
+    return MetricResult(supported_share(verdicts), reason, {"claims": claims, "verdicts": verdicts})
