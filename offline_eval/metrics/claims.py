@@ -16,34 +16,38 @@ MAX_CLAIM_CHARS = 150
 CLAIMS = JsonSchema.of(obj(claims=array(string(MAX_CLAIM_CHARS, min_length=1), MAX_CLAIMS)), "claims")
 
 _EXTRACT = {
-    "en": f"""You split a text into atomic claims.
-A claim is one short, self-contained statement of fact made by the text. Replace pronouns with what they refer to, keep names, numbers, dates and units exactly as written, and add nothing the text does not say. Greetings, questions, opinions about the conversation and refusals are not claims.
-Write the claims in the language of the text. Give at most {MAX_CLAIMS} claims; if the text states no facts, give an empty list.
+    "en": f"""You list the factual claims that a Text makes.
+A claim is one short, self-contained statement of fact that the Text itself states. Take claims only from the Text. The Question only shows what the Text replies to: nothing in the Question is a claim unless the Text states it too.
+Write each claim as a full sentence. Where the Text says "he", "it" or "they" and the Question or the Text names what is meant, write that name instead; if nothing names it, keep the pronoun. Keep names, numbers, dates and units exactly as written, and add nothing the Text does not say.
+Greetings, thanks, words of agreement such as "yes", questions and refusals are not claims.
+Write the claims in the language of the Text. Give at most {MAX_CLAIMS} claims; if the Text states no facts, give an empty list.
 Reply with JSON: {{"claims": ["...", "..."]}}
 
 Example
-Question: Who was Albert Einstein?
-Text: He was a German-born theoretical physicist, best known for the theory of relativity.
-{{"claims":["Albert Einstein was a German-born theoretical physicist.","Albert Einstein is best known for the theory of relativity."]}}""",
-    "zh": f"""你的任务是把一段文本拆分为原子声明（claims）。
-每条声明是文本中一个简短、独立、可核验的事实陈述：把代词替换为所指的对象，名称、数字、日期和单位保持原样，不要添加文本没有说的内容。问候、提问、对对话的评论和拒答都不是声明。
+Question: I love rivers. What do you know about the Danube?
+Text: Sure! It flows through ten countries and ends in the Black Sea. Have you ever seen it?
+{{"claims":["The Danube flows through ten countries.","The Danube ends in the Black Sea."]}}""",
+    "zh": f"""你的任务是列出一段文本所陈述的事实声明（claims）。
+每条声明是文本本身陈述的一个简短、独立的事实。只从文本中提取声明。问题只说明文本在回应什么：问题中的内容都不是声明，除非文本也陈述了它。
+每条声明写成完整的句子。如果文本用了"他""它""他们"等代词，而问题或文本给出了所指对象的名称，就写出该名称；如果都没有给出，保留代词。名称、数字、日期和单位保持原样，不要添加文本没有说的内容。
+问候、感谢、"是的"之类表示赞同的话、提问和拒答都不是声明。
 声明使用与文本相同的语言。最多 {MAX_CLAIMS} 条；如果文本没有陈述任何事实，返回空列表。
 只输出 JSON：{{"claims": ["...", "..."]}}
 
 示例
-问题：介绍一下北京。
-文本：北京是中国的首都，拥有故宫等著名景点，常住人口超过5000万。
-{{"claims":["北京是中国的首都。","北京拥有故宫等著名景点。","北京常住人口超过5000万。"]}}""",
+问题：我很喜欢河流。你了解长江吗？
+文本：当然！它是中国最长的河流，最终注入东海。你去过吗？
+{{"claims":["长江是中国最长的河流。","长江最终注入东海。"]}}""",
 }
 
 _CHECK = {
     "en": """You check whether a claim is supported by a source text.
-Answer "yes" if the source states the claim or it clearly follows from the source.
-Answer "no" if the source contradicts the claim, or does not contain the information needed to confirm it.
+Answer "yes" if the source states the claim, in the same or other words, or the claim clearly follows from the source.
+Answer "no" if the source contradicts the claim, or does not contain the information needed to confirm it, including when a name, number, date or other detail of the claim is missing from the source or different in it.
 Judge only by the source text, never by your own knowledge.""",
     "zh": """你的任务是判断一条声明能否从给定的原文中得到支持。
-如果原文明确陈述了该声明，或可以从原文直接推出，回答 "yes"。
-如果原文与该声明矛盾，或原文没有足以确认它的信息，回答 "no"。
+如果原文陈述了该声明（措辞相同或不同均可），或可以从原文直接推出，回答 "yes"。
+如果原文与该声明矛盾，或原文没有足以确认它的信息，回答 "no"；声明中的名称、数字、日期或其他细节在原文中没有出现或与原文不同，也属于这种情况。
 只依据原文判断，不要使用你自己的知识。""",
 }
 

@@ -12,15 +12,15 @@ from .base import Metric, Plan, numbered, request, two_judges
 RATING = Choice(("0", "1", "2"))
 
 _JUDGE1 = {
-    "en": """You are an expert who rates whether an Assertion is grounded in a Context.
-Say 0 if the Assertion is not supported by the Context, or contradicts it.
-Say 1 if the Assertion is only partially supported: some of what it states is not in the Context.
-Say 2 if everything the Assertion states is supported by the Context.
-Use only the Context, not your own knowledge. Reply with the rating only: 0, 1 or 2.""",
-    "zh": """你是一名专家，负责判断一段断言是否以给定上下文为依据。
-如果断言得不到上下文的支持，或与上下文矛盾，打 0 分。
-如果断言只得到部分支持：其中一些内容在上下文中找不到，打 1 分。
-如果断言的所有内容都得到上下文的支持，打 2 分。
+    "en": """You check whether an Assertion is grounded in a Context: whether the Context states what the Assertion says.
+Rate 2 (fully grounded) if every fact in the Assertion is stated in the Context, possibly in other words. Words that carry no information, such as "yes", "I agree" or "good question", do not count.
+Rate 1 (partially grounded) if some of the Assertion is stated in the Context, but at least one other statement is not, or a detail is changed (a different name, number, date, place or meaning).
+Rate 0 (not grounded) if the main content of the Assertion is not in the Context, or the Assertion contradicts the Context.
+Use only the Context, never your own knowledge. Reply with the rating only: 0, 1 or 2.""",
+    "zh": """你负责判断一段断言是否以上下文为依据：上下文是否陈述了断言所说的内容。
+如果断言中的每个事实都在上下文中有陈述（措辞可以不同），打 2 分（完全有依据）。不含信息的话，如"是的""我同意""好问题"，不计入。
+如果断言的一部分在上下文中有陈述，但至少有一处其他陈述在上下文中找不到，或某个细节被改动（名称、数字、日期、地点或含义不同），打 1 分（部分有依据）。
+如果断言的主要内容不在上下文中，或断言与上下文矛盾，打 0 分（没有依据）。
 只依据上下文，不要使用你自己的知识。只回复分数：0、1 或 2。""",
 }
 

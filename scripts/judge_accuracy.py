@@ -1,0 +1,266 @@
+"""How well do the judge prompts agree with human labels?
+
+Two suites:
+
+  begin   (default) Runs metrics on the BEGIN benchmark (Dziri et al.; human "is the response attributable
+          to the knowledge?" labels). Each row becomes a sample: knowledge -> retrieved_contexts=[knowledge],
+          message -> user_input, response -> response. "Fully attributable" is the positive class. For each
+          metric it reports ROC-AUC of the score, accuracy and balanced accuracy at --threshold (score >=
+          threshold predicts "fully attributable"; also shown for score > threshold), the score / rating
+          distribution, the number of samples without a score (None, left out of the statistics) and the
+          wall time.
+
+  sanity  A few hand-written cases per metric (English and Chinese) in groups of good / partial / bad;
+          checks that each group's scores come out in that order.
+
+Examples (from the repository root, with PYTHONPATH=. and OFFLINE_EVAL_THREADS=2):
+
+  python scripts/judge_accuracy.py --limit 120 --seed 0                  # a fixed 120-row sample
+  python scripts/judge_accuracy.py --limit 120 --seed 0 --offset 120     # the next 120 rows: a disjoint subset
+  python scripts/judge_accuracy.py --metrics response_groundedness --output rows.csv
+  python scripts/judge_accuracy.py --suite sanity
+
+Rows are taken in a random order fixed by --seed, so (--seed, --offset, --limit) names a reproducible subset
+and two subsets with the same seed and non-overlapping offsets never share a row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from offline_eval import llm_factory  # noqa: E402
+from offline_eval.metrics import MetricResult, metric_by_name  # noqa: E402
+
+DEFAULT_TSV = REPO.parent / "shared" / "benchmarks" / "begin" / "begin_dev_wow.tsv"
+POSITIVE = "Fully attributable"
+
+
+# ---- statistics -----------------------------------------------------------------------------------------
+
+def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """ROC-AUC via the rank-sum (Mann-Whitney U) formula; tied scores get their average rank."""
+    scores = np.asarray(scores, dtype=float)
+    labels = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = pd.Series(scores).rank(method="average").to_numpy()
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def accuracy(pred: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """(accuracy, balanced accuracy) of boolean predictions."""
+    acc = float((pred == labels).mean())
+    recalls = [float((pred[labels == c] == c).mean()) for c in (True, False) if (labels == c).any()]
+    return acc, float(np.mean(recalls))
+
+
+# ---- the BEGIN suite ------------------------------------------------------------------------------------
+
+def load_begin(path: Path, seed: int, offset: int, limit: Optional[int]) -> pd.DataFrame:
+    df = pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, dtype=str)
+    df = df.sample(frac=1.0, random_state=seed).reset_index(names="row")  # "row": the line in the file - 2
+    return df.iloc[offset:offset + limit if limit else None].reset_index(drop=True)
+
+
+def begin_samples(df: pd.DataFrame) -> list[dict]:
+    return [{"user_input": r.message, "retrieved_contexts": [r.knowledge], "response": r.response}
+            for r in df.itertuples()]
+
+
+def rating_counts(results: Sequence[MetricResult]) -> str:
+    """Per-judge rating counts for dual-judge metrics, else a histogram of the score."""
+    ratings = [r.details.get("ratings") for r in results]
+    if all(ratings):
+        lines = []
+        for j in range(len(ratings[0])):
+            counts = Counter(str(r[j]) for r in ratings)
+            lines.append(f"judge{j + 1} ratings " + "  ".join(f"{k}:{v}" for k, v in sorted(counts.items())))
+        return "\n    ".join(lines)
+    counts = Counter("None" if r.value is None else f"{round(r.value * 4) / 4:.2f}" for r in results)
+    return "score (to 0.25) " + "  ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+def report_begin(name: str, results: Sequence[MetricResult], labels: np.ndarray, seconds: float,
+                 threshold: float) -> dict:
+    values = np.array([np.nan if r.value is None else r.value for r in results], dtype=float)
+    valid = ~np.isnan(values)
+    auc = roc_auc(values[valid], labels[valid])
+    acc, bal = accuracy(values[valid] >= threshold, labels[valid])
+    # Dual-judge scores are often exactly 0.5 (two "partial" ratings), so also show the strict threshold.
+    acc_strict, bal_strict = accuracy(values[valid] > threshold, labels[valid])
+    pos_mean = np.nanmean(values[labels]) if (valid & labels).any() else np.nan
+    neg_mean = np.nanmean(values[~labels]) if (valid & ~labels).any() else np.nan
+    print(f"\n{name}  ({len(results)} rows, {int(labels.sum())} fully attributable)")
+    print(f"    ROC-AUC {auc:.3f}   accuracy {acc:.3f}   balanced accuracy {bal:.3f}   (score >= {threshold})")
+    print(f"                  accuracy {acc_strict:.3f}   balanced accuracy {bal_strict:.3f}   (score > {threshold})")
+    print(f"    mean score: fully attributable {pos_mean:.3f}, not fully attributable {neg_mean:.3f}")
+    print(f"    {rating_counts(results)}")
+    print(f"    None (no score): {int((~valid).sum())}   wall time {seconds:.0f} s "
+          f"({seconds / max(len(results), 1):.1f} s/row)")
+    return {"metric": name, "rows": len(results), "auc": auc, "accuracy": acc, "balanced_accuracy": bal,
+            "balanced_accuracy_strict": bal_strict, "none": int((~valid).sum()), "seconds": seconds}
+
+
+def run_begin(args: argparse.Namespace, judge) -> None:
+    df = load_begin(Path(args.tsv), args.seed, args.offset, args.limit)
+    labels = (df.begin_label == POSITIVE).to_numpy()
+    samples = begin_samples(df)
+    print(f"BEGIN: {len(df)} rows from {args.tsv} (seed {args.seed}, offset {args.offset})")
+    for name in args.metrics:
+        metric = metric_by_name(name)
+        metric.llm = judge
+        started = time.perf_counter()
+        results = metric.batch_score(samples, show_progress=args.progress)
+        seconds = time.perf_counter() - started
+        report_begin(metric.name, results, labels, seconds, args.threshold)
+        df[metric.name] = [r.value for r in results]
+        df[metric.name + "_reason"] = [r.reason for r in results]
+    if args.output:
+        df.to_csv(args.output, index=False)
+        print(f"\nper-row scores written to {args.output}")
+
+
+# ---- the sanity suite -----------------------------------------------------------------------------------
+# Each group is one question with three cases, expected to score good > partial > bad.
+
+CONTEXT_RELEVANCE = [
+    ("en", "What is the boiling point of water at sea level in degrees Celsius?", [
+        ("good", ["At sea level, pure water boils at 100 degrees Celsius (212 degrees Fahrenheit)."]),
+        ("partial", ["Water boils when its vapour pressure equals the surrounding air pressure, "
+                     "so its boiling point depends on altitude."]),
+        ("bad", ["The Eiffel Tower was completed in 1889 and is 330 metres tall."]),
+    ]),
+    ("en", "Who wrote the novel 'Pride and Prejudice' and in which year was it published?", [
+        ("good", ["'Pride and Prejudice' is a novel by Jane Austen, first published in 1813."]),
+        ("partial", ["Jane Austen was an English novelist known for her novels about the landed gentry."]),
+        ("bad", ["Photosynthesis converts light energy into chemical energy stored in glucose."]),
+    ]),
+    ("zh", "长城的总长度大约是多少公里？", [
+        ("good", ["根据国家文物局公布的数据，明长城总长度约为8851.8公里，历代长城总长度约为21196公里。"]),
+        ("partial", ["长城是中国古代的军事防御工程，始建于春秋战国时期，后经多个朝代修筑。"]),
+        ("bad", ["熊猫主要以竹子为食，分布在四川、陕西和甘肃的山区。"]),
+    ]),
+    ("zh", "Python 中如何获取列表的长度？", [
+        ("good", ["在 Python 中，可以使用内置函数 len() 获取列表的长度，例如 len([1, 2, 3]) 返回 3。"]),
+        ("partial", ["Python 的列表是一种可变序列，可以存放任意类型的元素，并支持索引和切片。"]),
+        ("bad", ["西湖位于浙江省杭州市，是中国著名的风景名胜区。"]),
+    ]),
+]
+
+ANSWER_ACCURACY = [
+    ("en", "What is the capital of Australia?", "The capital of Australia is Canberra.", [
+        ("good", "Canberra is Australia's capital city."),
+        ("partial", "Australia's capital is in the Australian Capital Territory, but I am not sure which city."),
+        ("bad", "The capital of Australia is Sydney."),
+    ]),
+    ("en", "When did the first human land on the Moon, and who was it?",
+     "Neil Armstrong was the first human to land on the Moon, on 20 July 1969.", [
+        ("good", "On July 20, 1969, Neil Armstrong became the first person to land on the Moon."),
+        ("partial", "Neil Armstrong was the first person on the Moon."),
+        ("bad", "Yuri Gagarin landed on the Moon in 1961."),
+    ]),
+    ("zh", "水的化学式是什么？", "水的化学式是 H2O，由两个氢原子和一个氧原子组成。", [
+        ("good", "水的化学式为 H2O，即两个氢原子和一个氧原子。"),
+        ("partial", "水由氢元素和氧元素组成。"),
+        ("bad", "水的化学式是 CO2。"),
+    ]),
+    ("zh", "《红楼梦》的作者是谁？它是哪个朝代的作品？", "《红楼梦》的作者是曹雪芹，是清代的长篇小说。", [
+        ("good", "《红楼梦》是清代曹雪芹创作的长篇小说。"),
+        ("partial", "《红楼梦》的作者是曹雪芹。"),
+        ("bad", "《红楼梦》是明代罗贯中写的。"),
+    ]),
+]
+
+
+def sanity_cases(metric: str) -> list[tuple[int, str, str, dict]]:
+    """(group, language, expected level, sample) for a metric's sanity cases."""
+    cases = []
+    if metric == "context_relevance":
+        for g, (lang, question, variants) in enumerate(CONTEXT_RELEVANCE):
+            for level, contexts in variants:
+                cases.append((g, lang, level, {"user_input": question, "retrieved_contexts": contexts}))
+    elif metric == "answer_accuracy":
+        for g, (lang, question, reference, variants) in enumerate(ANSWER_ACCURACY):
+            for level, response in variants:
+                cases.append((g, lang, level, {"user_input": question, "response": response,
+                                               "reference": reference}))
+    else:
+        raise SystemExit(f"the sanity suite has cases for context_relevance and answer_accuracy, not {metric}")
+    return cases
+
+
+def run_sanity(args: argparse.Namespace, judge) -> None:
+    metrics = args.metrics if args.metrics_given else ["context_relevance", "answer_accuracy"]
+    order = {"good": 2, "partial": 1, "bad": 0}
+    for name in metrics:
+        metric = metric_by_name(name)
+        metric.llm = judge
+        cases = sanity_cases(metric.name)
+        started = time.perf_counter()
+        results = metric.batch_score([c[3] for c in cases])
+        seconds = time.perf_counter() - started
+        print(f"\n{metric.name}  ({len(cases)} cases, {seconds:.0f} s)")
+        ordered_pairs = total_pairs = strict_groups = 0
+        groups = sorted({c[0] for c in cases})
+        for g in groups:
+            rows = [(c, r) for c, r in zip(cases, results) if c[0] == g]
+            cells = "  ".join(f"{c[2]} {_fmt(r.value)} {r.details.get('ratings')}" for c, r in rows)
+            scores = {c[2]: r.value for c, r in rows}
+            pairs = [(a, b) for a in scores for b in scores if order[a] > order[b]]
+            ok = [scores[a] is not None and scores[b] is not None and scores[a] > scores[b] for a, b in pairs]
+            ordered_pairs += sum(ok)
+            total_pairs += len(ok)
+            strict_groups += all(ok)
+            print(f"    [{rows[0][0][1]}] group {g + 1}: {cells}   {'ordered' if all(ok) else 'NOT ordered'}")
+        values = Counter(_fmt(r.value) for r in results)
+        print(f"    groups fully ordered {strict_groups}/{len(groups)}, pairs ordered {ordered_pairs}/{total_pairs}, "
+              f"distinct scores {dict(sorted(values.items()))}")
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "None" if value is None else f"{value:.2f}"
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tsv", nargs="?", default=str(DEFAULT_TSV), help="BEGIN TSV file (default: %(default)s)")
+    parser.add_argument("--suite", choices=("begin", "sanity"), default="begin")
+    parser.add_argument("--metrics", default=None,
+                        help="comma-separated metric names (begin default: faithfulness,response_groundedness; "
+                             "sanity default: context_relevance,answer_accuracy)")
+    parser.add_argument("--model", default=None, help="judge name from models.yaml (default: the default judge)")
+    parser.add_argument("--limit", type=int, default=None, help="score only N rows")
+    parser.add_argument("--offset", type=int, default=0, help="skip the first K rows of the shuffled order")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the row order (default 0)")
+    parser.add_argument("--threshold", type=float, default=0.5, help="score >= threshold predicts positive")
+    parser.add_argument("--output", help="write per-row scores and reasons to this CSV (begin suite)")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar")
+    args = parser.parse_args(argv)
+    args.metrics_given = args.metrics is not None
+    args.metrics = [m.strip() for m in (args.metrics or "faithfulness,response_groundedness").split(",") if m.strip()]
+
+    judge = llm_factory(args.model)
+    print(f"judge: {judge.identity.get('model')}")
+    if args.suite == "sanity":
+        run_sanity(args, judge)
+    else:
+        run_begin(args, judge)
+
+
+if __name__ == "__main__":
+    main()
