@@ -32,6 +32,16 @@ def llm_factory(model: Optional[str] = None, **options: Any) -> Engine:
         return _loaded[key]
 
 
+def close_judges() -> None:
+    """Close every judge this process loaded (stops vLLM servers started for them)."""
+    with _lock:
+        engines = [v for k, v in _loaded.items() if k[0] == "judge"]
+        for k in [k for k in _loaded if k[0] == "judge"]:
+            del _loaded[k]
+    for engine in engines:
+        engine.close()
+
+
 def embedding_factory(model: Optional[str] = None) -> "Embeddings":
     spec = Registry.load().get(model, "embeddings")
     key = ("embeddings", spec.name)

