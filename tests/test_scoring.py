@@ -133,6 +133,7 @@ def test_claim_ratio_has_no_value_without_claims(metric_cls, claims_tag):
     result = metric_cls(llm=judge).score(**EINSTEIN)
     assert result.value is None
     assert re.search(r"\bno\b.*\bclaims\b", result.reason)
+    assert result.details == {"claims": [], "verdicts": []}  # the same shape as with claims
     assert len(judge.requests) == 1  # nothing to check
 
 

@@ -101,7 +101,7 @@ def claims_supported_by(text: str, question: Optional[str], sources: Sequence[st
     if claims is None:
         return MetricResult(None, f"claim extraction failed: {out.meta.get('error')}")
     if not claims:
-        return MetricResult(None, f"the {what} makes no factual claims", {"claims": []})
+        return MetricResult(None, f"the {what} makes no factual claims", {"claims": [], "verdicts": []})
     outputs = yield [check_claim(c, sources, lang, f"verdict[{i}]") for i, c in enumerate(claims)]
     verdicts = [verdict(o) for o in outputs]
     supported = sum(v is True for v in verdicts)
