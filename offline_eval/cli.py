@@ -48,8 +48,12 @@ def run(
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Embedding model (models.yaml name or a folder)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Override the model's engine: vllm (server) or vllm-offline (in process) for a vLLM model."),
     server: str = typer.Option("auto", "--server", help="vLLM server models: auto (use the model's base_url if it answers, else start a server for the run), connect (only use a running one), start (always start one for the run)."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="The judge-call cache (SQLite). Default: $OFFLINE_EVAL_JUDGE_CACHE, else $OFFLINE_EVAL_CACHE_DIR/judge-cache.sqlite."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the judge-call cache."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: reuse its cached judge calls (any rerun with the cache on does); the old output stays until the new one is complete."),
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
+    from .cache import CacheError, JudgeCache, default_path
     from .dataset import load_rows
     from .evaluation import select_metrics, validate
     from .judges import close_judges, embedding_factory, llm_factory
@@ -59,6 +63,9 @@ def run(
         raise _fail(f"--server must be one of {', '.join(SERVER_MODES)}, not {server!r}", EXIT_BAD_INPUT)
     if engine is not None and engine not in ENGINES:
         raise _fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", EXIT_BAD_INPUT)
+    if no_cache and (resume or cache):
+        raise _fail(f"--no-cache contradicts {'--resume' if resume else '--cache'}: resuming reuses the cache",
+                    EXIT_BAD_INPUT)
     try:
         rows = load_rows(data)
         chosen = select_metrics(metrics.split(",") if metrics else None, rows)
@@ -82,18 +89,29 @@ def run(
 
     output = output or Path(f"{data.stem}.results.jsonl")
     started = time.perf_counter()
+    store = None
     try:
+        # Opened before the judge loads, so an unusable cache fails fast.
+        store = None if no_cache else JudgeCache(cache or default_path())
+        if resume:
+            err.print(f"resuming: {store.count()} cached judge calls in {store.path}", highlight=False)
         err.print(f"loading judge {model or Registry.load().get(None).name} ...", highlight=False)
         judge = llm_factory(model, engine=engine, server=server)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
         result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder,
-                          skip_invalid=skip_invalid, show_progress=True)
+                          skip_invalid=skip_invalid, show_progress=True, cache=store)
+    except CacheError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT)
     except (ModelError, EngineError) as exc:
         raise _fail(str(exc), EXIT_ENGINE)
     finally:
         close_judges()  # stops a vLLM server started for this run
-    result.write_jsonl(output)
+        if store is not None:
+            store.close()
+    result.write_jsonl(output)  # atomic: an existing output is replaced only by a complete one
     _print_summary(result, time.perf_counter() - started)
+    out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache "
+              f"({store.path if store is not None else 'cache off'})", highlight=False)
     out.print(f"per-sample results: {output}", highlight=False)
 
 
@@ -103,15 +121,19 @@ def _print_summary(result, seconds: float) -> None:
     table.add_column("mean", justify="right")
     table.add_column("scored", justify="right")
     table.add_column("no value", justify="right")
+    for col in ("calls", "cached", "prompt tok", "compl. tok", "seconds"):
+        table.add_column(col, justify="right")
     for name, s in result.summary().items():
         mean = "n/a" if math.isnan(s["mean"]) else f"{s['mean']:.4f}"
-        table.add_row(name, mean, str(s["scored"]), str(s["no_value"]))
+        m = result.stats.per_metric.get(name, {})
+        table.add_row(name, mean, str(s["scored"]), str(s["no_value"]), str(m.get("judge_calls", 0)),
+                      str(m.get("cached", 0)), str(m.get("prompt_tokens", 0)), str(m.get("completion_tokens", 0)),
+                      f"{m.get('seconds', 0.0):.1f}")
     out.print(table)
     st = result.stats
     skipped = len({e.row.number for e in result.errors})
-    out.print(f"{len(result.results)} samples scored, {skipped} skipped; {st.judge_calls} judge calls, "
-              f"{st.prompt_tokens} prompt + {st.completion_tokens} completion tokens; {seconds:.1f} s",
-              highlight=False)
+    out.print(f"{len(result.results)} samples scored, {skipped} skipped; {st.prompt_tokens} prompt + "
+              f"{st.completion_tokens} completion tokens; {seconds:.1f} s", highlight=False)
 
 
 @app.command()

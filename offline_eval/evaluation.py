@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .cache import open_cache
 from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_rows, to_sample
 from .metrics import ALL, Metric, MetricResult, metric_by_name
 from .metrics.base import Metric as _Metric
@@ -52,12 +53,16 @@ def evaluate(
     skip_invalid: bool = False,
     show_progress: bool = True,
     progress: Optional[Progress] = None,
+    cache: Any = False,
 ) -> "EvaluationResult":
     """Score `dataset` (a file path, list of dicts, dict of columns, DataFrame or HF Dataset) with
     `metrics` (instances or names; default: all that the data's fields allow).
 
     Every row is validated before the first judge call. Invalid rows raise `ValidationError` listing them
-    all, unless `skip_invalid`, which scores the rest and records the skipped rows in the result."""
+    all, unless `skip_invalid`, which scores the rest and records the skipped rows in the result.
+
+    `cache`: True (the default cache file), a path, or a `JudgeCache`: judge calls already in it are not run
+    again, and new ones are stored as they finish, so rerunning an interrupted evaluation resumes it."""
     rows = load_rows(dataset)
     chosen = select_metrics(metrics, rows)
     errors = validate(rows, chosen)
@@ -68,8 +73,14 @@ def evaluate(
     # One judge per run: the one given, else the first metric's, else the default.
     engine = resolve_judge(llm if llm is not None else next((m.llm for m in chosen if m.llm is not None), None))
     stats = RunStats()
-    results = run_metrics([to_sample(r) for r in good], chosen, judge=engine, embeddings=embeddings,
-                          progress=progress, stats=stats, show_progress=show_progress and progress is None)
+    store, owned = open_cache(cache)
+    try:
+        results = run_metrics([to_sample(r) for r in good], chosen, judge=engine, embeddings=embeddings,
+                              progress=progress, stats=stats, show_progress=show_progress and progress is None,
+                              cache=store)
+    finally:
+        if owned:
+            store.close()
     by_row: dict[int, dict[str, MetricResult]] = {r.number: res for r, res in zip(good, results)}
     return EvaluationResult(rows, by_row, [m.name for m in chosen], errors, stats, engine.identity)
 

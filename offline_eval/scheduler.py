@@ -4,16 +4,22 @@ It starts one plan per (sample, metric), then runs them in waves: each wave gath
 unfinished plan is waiting on, deduplicates identical judge requests and embedding texts across all of
 them, sends the judge requests to the engine as one batch, and feeds each plan its results. Dependent
 stages (claims -> verdicts) simply come in the next wave.
+
+With a persistent cache (cache.py), a wave first takes what the cache has, then sends the rest to the engine
+in chunks, sorted by messages so shared prefixes stay together, and stores each chunk as soon as it returns:
+a killed run loses at most one chunk.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .cache import JudgeCache
 from .dataset import SingleTurnSample
 from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest
 from .metrics.base import Embed, Metric, MetricResult, Plan
@@ -22,11 +28,14 @@ from .metrics.base import Embed, Metric, MetricResult, Plan
 @dataclass
 class RunStats:
     judge_calls: int = 0  # unique requests sent to the engine
+    cached: int = 0  # unique requests answered by the persistent cache
     deduplicated: int = 0  # requests answered by an identical one in the same wave
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # tokens of the requests sent to the engine (cached calls cost nothing)
     completion_tokens: int = 0
     embedded_texts: int = 0
     seconds: float = 0.0
+    # per metric: judge_calls (all its calls), cached (of those), prompt/completion tokens of its new calls,
+    # seconds (its share of engine and embedding time). A call shared by two metrics counts for both.
     per_metric: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,6 +57,7 @@ class _Task:
     result: Optional[MetricResult] = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     waiting: list[Any] = field(default_factory=list)  # the stage this plan waits on
+    seconds: float = 0.0  # its share of engine and embedding time
 
 
 def run_metrics(
@@ -58,8 +68,12 @@ def run_metrics(
     progress: Optional[Progress] = None,
     stats: Optional[RunStats] = None,
     show_progress: bool = False,
+    cache: Optional[JudgeCache] = None,
+    chunk_size: Optional[int] = None,
 ) -> list[dict[str, MetricResult]]:
-    """Score every sample with every metric; returns, per sample, {metric name: result}."""
+    """Score every sample with every metric; returns, per sample, {metric name: result}. With `cache`,
+    requests it holds are not sent to the engine, and new outputs are stored every `chunk_size` requests
+    (default: $OFFLINE_EVAL_CHUNK, else 64)."""
     from .judges import resolve_embeddings, resolve_judge
 
     engine = resolve_judge(judge if judge is not None else _first(metrics, "llm"))
@@ -67,19 +81,20 @@ def run_metrics(
     if any(m.needs_embeddings for m in metrics):
         embedder = resolve_embeddings(embeddings if embeddings is not None else _first(metrics, "embeddings"))
     stats = stats if stats is not None else RunStats()
+    feed = _Feed(engine, cache, chunk_size or int(os.environ.get("OFFLINE_EVAL_CHUNK", 0)) or 64)
     if progress is None and show_progress:
         from .progress import RichProgress
 
         with RichProgress() as bar:
-            return _run(samples, metrics, engine, embedder, bar, stats)
-    return _run(samples, metrics, engine, embedder, progress or Progress(), stats)
+            return _run(samples, metrics, feed, embedder, bar, stats)
+    return _run(samples, metrics, feed, embedder, progress or Progress(), stats)
 
 
 def _first(metrics: Sequence[Metric], attr: str) -> Any:
     return next((getattr(m, attr) for m in metrics if getattr(m, attr) is not None), None)
 
 
-def _run(samples, metrics, engine: Engine, embedder, progress: Progress, stats: RunStats):
+def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats):
     started = time.perf_counter()
     tasks: list[list[_Task]] = []
     for sample in samples:
@@ -103,23 +118,22 @@ def _run(samples, metrics, engine: Engine, embedder, progress: Progress, stats: 
                 else:
                     stats.deduplicated += item.key in requests
                     requests.setdefault(item.key, item)
-        unique = list(requests.values())
-        progress.add_total(len(unique))
-        outputs = dict(zip(requests, _generate(engine, unique, progress)))
+        outputs, cost = feed.generate(list(requests.values()), progress, stats)
+        tic = time.perf_counter()
         vectors = dict(zip(texts, _embed(embedder, list(texts)))) if texts else {}
-        stats.judge_calls += len(unique)
+        cost.update(dict.fromkeys(texts, (time.perf_counter() - tic) / max(len(texts), 1)))
         stats.embedded_texts += len(texts)
-        for out in outputs.values():
-            stats.prompt_tokens += out.prompt_tokens
-            stats.completion_tokens += out.completion_tokens
         for t in live:
             results = []
             for item in t.waiting:
                 if isinstance(item, Embed):
                     results.append(np.stack([vectors[x] for x in item.texts]))
+                    t.seconds += sum(cost[x] for x in item.texts)
                 else:
                     out = outputs[item.key]
-                    t.calls.append({"stage": item.tag, "value": out.value, **out.to_dict()})
+                    cached = {"cached": True} if out.meta.get("cached") else {}
+                    t.calls.append({"stage": item.tag, "value": out.value, **out.to_dict(), **cached})
+                    t.seconds += cost.get(item.key, 0.0)
                     results.append(out)
             _advance(t, results)
 
@@ -140,6 +154,41 @@ def _advance(task: _Task, results: Optional[list[Any]]) -> None:
         task.waiting = []
 
 
+@dataclass
+class _Feed:
+    """Answers a wave's unique requests: from the cache when it has them, else from the engine."""
+
+    engine: Engine
+    cache: Optional[JudgeCache]
+    chunk_size: int
+
+    def generate(self, requests: list[JudgeRequest], progress: Progress,
+                 stats: RunStats) -> tuple[dict[str, JudgeOutput], dict[str, float]]:
+        """Outputs by request key, and each new request's share of engine time in seconds."""
+        outputs = self.cache.get_many(self.engine.identity, requests) if self.cache is not None else {}
+        stats.cached += len(outputs)
+        todo = [r for r in requests if r.key not in outputs]
+        progress.add_total(len(todo))  # the bar counts engine calls only, so its rate and ETA are real
+        # Without a cache one batch per wave lets the engine batch freely; with one, chunks bound the loss
+        # of a kill. Sorting keeps requests that share a prompt prefix in the same chunk, back to back.
+        size = self.chunk_size if self.cache is not None else max(len(todo), 1)
+        if len(todo) > size:
+            todo.sort(key=lambda r: r.messages)
+        cost: dict[str, float] = {}
+        for start in range(0, len(todo), size):
+            chunk = todo[start:start + size]
+            tic = time.perf_counter()
+            got = _generate(self.engine, chunk, progress)
+            cost.update(dict.fromkeys((r.key for r in chunk), (time.perf_counter() - tic) / len(chunk)))
+            if self.cache is not None:
+                self.cache.put_many(self.engine.identity, chunk, got)
+            outputs.update((r.key, o) for r, o in zip(chunk, got))
+            stats.judge_calls += len(chunk)
+            stats.prompt_tokens += sum(o.prompt_tokens for o in got)
+            stats.completion_tokens += sum(o.completion_tokens for o in got)
+        return outputs, cost
+
+
 def _generate(engine: Engine, requests: list[JudgeRequest], progress: Progress) -> list[JudgeOutput]:
     if not requests:
         return []
@@ -156,10 +205,13 @@ def _embed(embedder: Any, texts: list[str]) -> list[np.ndarray]:
 
 
 def _account(stats: RunStats, task: _Task) -> None:
-    m = stats.per_metric.setdefault(task.metric.name, {"judge_calls": 0, "prompt_tokens": 0,
-                                                       "completion_tokens": 0})
+    m = stats.per_metric.setdefault(task.metric.name, {"judge_calls": 0, "cached": 0, "prompt_tokens": 0,
+                                                       "completion_tokens": 0, "seconds": 0.0})
+    new = [c for c in task.calls if not c.get("cached")]
     m["judge_calls"] += len(task.calls)
-    m["prompt_tokens"] += sum(c["prompt_tokens"] for c in task.calls)
-    m["completion_tokens"] += sum(c["completion_tokens"] for c in task.calls)
+    m["cached"] += len(task.calls) - len(new)
+    m["prompt_tokens"] += sum(c["prompt_tokens"] for c in new)
+    m["completion_tokens"] += sum(c["completion_tokens"] for c in new)
+    m["seconds"] += task.seconds
 
 

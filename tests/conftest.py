@@ -11,6 +11,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _own_judge_cache(tmp_path, monkeypatch):
+    """Each test (and the CLI runs it starts) gets an empty judge cache, never the user's: a test that
+    means to run a model must not be answered by an earlier run."""
+    monkeypatch.setenv("OFFLINE_EVAL_JUDGE_CACHE", str(tmp_path / "judge-cache.sqlite"))
+
+
 @pytest.fixture(scope="session")
 def smollm():
     """The SmolLM2-135M fixture judge through the real llama.cpp engine."""

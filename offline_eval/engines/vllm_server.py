@@ -99,11 +99,14 @@ class VllmServerEngine:
         self.max_model_len: Optional[int] = None
         if check:
             self._check_server()
+        # A server started for this run listens on a throwaway port: name its weights instead, so cache
+        # keys (cache.py) stay the same from run to run.
+        where = {"base_url": self.base_url} if managed is None else {"weights": str(managed.spec.weights_path())}
         self.identity = {
             "engine": "vllm",
             "model": name or model,
             "served_model": model,
-            "base_url": self.base_url,
+            **where,
             "max_model_len": self.max_model_len,
             "json_mode": json_mode,
         }

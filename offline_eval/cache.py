@@ -1,0 +1,166 @@
+"""A persistent judge-call cache: SQLite (WAL), one row per successful judge call, stored as JSON text.
+
+The key is the sha256 of the judge's identity (model name, weights path or served model and base_url,
+engine kind) and the request's own key (messages, constraint, temperature, seed, max_tokens). The model is
+part of the key on purpose: two judges asked the same question must not share answers.
+
+Only outputs with a value are stored: a failed call (value None) is retried by the next run. The scheduler
+writes each engine batch as soon as it returns, so a killed run loses at most one batch, and rerunning with
+the cache on resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from .engines.base import JudgeOutput, JudgeRequest
+from .models import cache_dir
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS judge_calls (
+    key TEXT PRIMARY KEY,       -- sha256 of (judge identity, request key)
+    judge TEXT NOT NULL,        -- the judge identity as canonical JSON, for inspection and pruning
+    output TEXT NOT NULL,       -- the JudgeOutput fields as JSON
+    created REAL NOT NULL
+)
+"""
+
+
+class CacheError(RuntimeError):
+    """The cache file cannot be used (not a SQLite database, locked, unwritable)."""
+
+
+def default_path() -> Path:
+    """$OFFLINE_EVAL_JUDGE_CACHE, else judge-cache.sqlite in the cache dir (next to assembled weights)."""
+    return Path(os.environ.get("OFFLINE_EVAL_JUDGE_CACHE") or cache_dir() / "judge-cache.sqlite").expanduser()
+
+
+def identity_json(identity: dict[str, Any]) -> str:
+    return json.dumps(identity, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def cache_key(identity: dict[str, Any], request: JudgeRequest) -> str:
+    return _key(identity_json(identity), request)
+
+
+def _key(judge: str, request: JudgeRequest) -> str:
+    return hashlib.sha256(f"{judge}\n{request.key}".encode()).hexdigest()
+
+
+class JudgeCache:
+    """The cache at `path`. `timeout`: seconds to wait for another process's write lock."""
+
+    def __init__(self, path: str | Path | None = None, timeout: float = 30.0):
+        self.path = Path(path) if path is not None else default_path()
+        self.timeout = timeout
+        self._lock = threading.Lock()  # one connection, shared by the threads of this process
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot create the judge cache folder {self.path.parent}: {exc}") from None
+        with self._errors():
+            self._db = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False)
+            try:
+                self._open()
+            except BaseException:
+                self._db.close()
+                raise
+
+    def _open(self) -> None:
+        # WAL: readers never block the writer or each other, and a commit is durable once it returns.
+        self._db.execute("PRAGMA journal_mode=WAL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            raise CacheError(f"the judge cache {self.path} has schema version {version}, this offline-eval "
+                             f"uses {SCHEMA_VERSION}: delete the file or pass another --cache path")
+        if version == 0:
+            with self._db:
+                self._db.execute(_SCHEMA)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """SQLite errors as CacheErrors that say what to do."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise CacheError(f"the judge cache {self.path} is locked by another process (waited "
+                                 f"{self.timeout:g} s); wait for it, or pass --cache with another path or "
+                                 "--no-cache") from None
+            raise CacheError(f"cannot use the judge cache {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise CacheError(f"the judge cache {self.path} is not a usable SQLite database ({exc}); delete it, "
+                             "or pass --cache with another path or --no-cache") from None
+
+    def get_many(self, identity: dict[str, Any], requests: Sequence[JudgeRequest]) -> dict[str, JudgeOutput]:
+        """Cached outputs by request key (JudgeRequest.key), for the requests that have one."""
+        judge = identity_json(identity)
+        keys = {_key(judge, r): r.key for r in requests}
+        found: dict[str, JudgeOutput] = {}
+        todo = list(keys)
+        with self._lock, self._errors():
+            for start in range(0, len(todo), 500):  # stay under SQLite's bound-parameter limit
+                part = todo[start:start + 500]
+                rows = self._db.execute(
+                    f"SELECT key, output FROM judge_calls WHERE key IN ({','.join('?' * len(part))})", part)
+                for key, output in rows:
+                    found[keys[key]] = _output(json.loads(output))
+        return found
+
+    def put_many(self, identity: dict[str, Any], requests: Sequence[JudgeRequest],
+                 outputs: Sequence[JudgeOutput]) -> int:
+        """Store the successful outputs and commit; returns how many were stored."""
+        judge, now = identity_json(identity), time.time()
+        rows = [(_key(judge, r), judge, _row(o), now) for r, o in zip(requests, outputs)
+                if o.value is not None]
+        if rows:
+            with self._lock, self._errors(), self._db:
+                self._db.executemany("INSERT OR REPLACE INTO judge_calls VALUES (?, ?, ?, ?)", rows)
+        return len(rows)
+
+    def count(self) -> int:
+        """How many judge calls the cache holds."""
+        with self._lock, self._errors():
+            return self._db.execute("SELECT COUNT(*) FROM judge_calls").fetchone()[0]
+
+    def close(self) -> None:
+        db, self._db = getattr(self, "_db", None), None
+        if db is not None:
+            db.close()
+
+    def __enter__(self) -> "JudgeCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_cache(cache: Any) -> tuple[Optional[JudgeCache], bool]:
+    """`evaluate`'s cache argument as (cache or None, whether the caller must close it)."""
+    if cache is None or cache is False:
+        return None, False
+    if isinstance(cache, JudgeCache):
+        return cache, False
+    return JudgeCache(None if cache is True else cache), True
+
+
+def _row(output: JudgeOutput) -> str:
+    return json.dumps({"text": output.text, "value": output.value, "prompt_tokens": output.prompt_tokens,
+                       "completion_tokens": output.completion_tokens, "finish_reason": output.finish_reason,
+                       "meta": output.meta}, ensure_ascii=False, default=str)
+
+
+def _output(data: dict[str, Any]) -> JudgeOutput:
+    return JudgeOutput(text=data["text"], value=data["value"], prompt_tokens=data["prompt_tokens"],
+                       completion_tokens=data["completion_tokens"], finish_reason=data["finish_reason"],
+                       meta={**data.get("meta", {}), "cached": True})

@@ -1,0 +1,97 @@
+"""The judge-call cache with the real SmolLM2 engine: a cached rerun is identical and calls no model, and a
+CLI run killed with SIGKILL resumes with --resume to the same scores as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from offline_eval import evaluate
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def first_rows(n: int, path: Path) -> Path:
+    lines = (EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_cached_rerun_is_identical_and_calls_no_model(smollm, tmp_path, monkeypatch):
+    data, cache = first_rows(2, tmp_path / "two.jsonl"), tmp_path / "cache.sqlite"
+    sent = []
+    generate = smollm.generate
+    monkeypatch.setattr(smollm, "generate", lambda requests, progress=None: (
+        sent.append(len(requests)), generate(requests, progress))[1])
+    metrics = ["faithfulness", "context_relevance"]
+    fresh = evaluate(data, metrics=metrics, llm=smollm, show_progress=False, cache=cache)
+    assert sum(sent) == fresh.stats.judge_calls > 0 and fresh.stats.cached == 0
+    sent.clear()
+    again = evaluate(data, metrics=metrics, llm=smollm, show_progress=False, cache=cache)
+    assert sent == [] and again.stats.judge_calls == 0 and again.stats.cached == fresh.stats.judge_calls
+    assert again.scores == fresh.scores
+    for a, b in zip(fresh.records(), again.records()):
+        for name in metrics:
+            assert a["metrics"][name]["details"] == b["metrics"][name]["details"]
+            assert [{k: v for k, v in c.items() if k != "cached"} for c in b["metrics"][name]["judge_calls"]] == \
+                a["metrics"][name]["judge_calls"]
+
+
+def run_cli(*args: str, cwd: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OFFLINE_EVAL_THREADS": "1", "OFFLINE_EVAL_CHUNK": "2"}
+    command = [sys.executable, "-m", "offline_eval.cli", "run", "--model", "smollm2-135m-instruct",
+               "--metrics", "faithfulness", *args]
+    return subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **popen)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, int]:
+    """Wait for a CLI run; its (new, cached) judge calls from the summary."""
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    new, cached = re.search(r"judge calls: (\d+) new, (\d+) from the cache", stdout).groups()
+    return int(new), int(cached)
+
+
+def cached_calls(path: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as db:
+            return db.execute("SELECT COUNT(*) FROM judge_calls").fetchone()[0]
+    except sqlite3.Error:  # not created yet
+        return 0
+
+
+def scores(path: Path) -> list[dict]:
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [{k: r["metrics"]["faithfulness"][k] for k in ("value", "details")} for r in records]
+
+
+def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
+    data = first_rows(4, tmp_path / "four.jsonl")
+    full_new, full_cached = finish(run_cli("--cache", "full.sqlite", "-o", "full.jsonl", str(data), cwd=tmp_path))
+    assert full_cached == 0 and full_new > 4
+
+    output = tmp_path / "resumed.jsonl"
+    output.write_text("previous results\n")
+    killed = run_cli("--cache", "resume.sqlite", "-o", output.name, str(data), cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while cached_calls(tmp_path / "resume.sqlite") < 4:  # two chunks of two stored
+        assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()[1]
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    stored = cached_calls(tmp_path / "resume.sqlite")
+    assert 4 <= stored < full_new
+    assert output.read_text() == "previous results\n"  # kept: the killed run never wrote a partial file
+
+    new, cached = finish(run_cli("--cache", "resume.sqlite", "--resume", "-o", output.name, str(data),
+                                 cwd=tmp_path))
+    assert cached == stored and new == full_new - stored and new < full_new
+    assert scores(output) == scores(tmp_path / "full.jsonl")
