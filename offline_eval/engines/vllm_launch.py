@@ -37,9 +37,10 @@ _FLAGS = {
     "dtype": "--dtype",
     "quantization": "--quantization",
 }
-# Never let a judge server phone home or reach a hub.
+# Never let a judge server phone home or reach a hub. VLLM_HOST_IP: unless told, vLLM finds "its" IP with a
+# UDP connect towards 8.8.8.8; one host needs only loopback.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"}
 
 
 def vllm_settings(spec: ModelSpec) -> dict[str, Any]:
