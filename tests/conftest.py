@@ -39,3 +39,13 @@ def qwen():
     from offline_eval import llm_factory
 
     return llm_factory("qwen2.5-coder-1.5b-instruct")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def close_loaded_judges():
+    """Close the judges llm_factory loaded while the interpreter is still whole (a llama.cpp model freed
+    during interpreter shutdown prints an ignored TypeError)."""
+    yield
+    from offline_eval.judges import close_judges
+
+    close_judges()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 from ..constraints import Constraint
 
@@ -22,6 +23,33 @@ class Sampling:
     temperature: float = 0.0
     seed: int = 0
     max_tokens: Optional[int] = None  # None: the constraint's worst case, so output is never cut off
+
+
+# Control-token spellings of the chat templates judges use: ChatML/Qwen (<|im_end|>, <|endoftext|>), Llama 3
+# (<|eot_id|>), Phi (<|end|>), DeepSeek (<｜...｜>), Gemma (<start_of_turn>), SentencePiece (<s>, </s>) and
+# Mistral ([INST]). Chat templates paste message text next to their own control tokens and the engines then
+# tokenize the whole string with control tokens parsed, so such text in a response or a context would become a
+# real end-of-turn or a fake system turn. Engines add their own vocabulary's control tokens (control_pattern).
+_CONTROL_LIKE = (r"<\|[^|<>\s]{1,40}\|>|<｜[^｜<>\s]{1,40}｜>|</?s>|<(?:bos|eos|pad|unk|start_of_turn|end_of_turn)>"
+                 r"|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_RESULTS|TOOL_CALLS)\]")
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def control_pattern(tokens: Iterable[str] = ()) -> re.Pattern:
+    """A pattern for the common control-token spellings plus `tokens` (a model's own control tokens; only
+    markup-like ones, so a vocabulary's whitespace or plain-word entries never alter text)."""
+    markup = sorted({t for t in tokens if len(t) >= 3 and t[0] in "<[" and not any(c.isspace() for c in t)},
+                    key=len, reverse=True)
+    return re.compile("|".join([*map(re.escape, markup), _CONTROL_LIKE]))
+
+
+CONTROL_TOKENS = control_pattern()
+
+
+def neutralise(text: str, controls: re.Pattern = CONTROL_TOKENS) -> str:
+    """`text` with every control-token spelling broken by a zero-width space after its first character: it
+    reads the same, but no tokenizer can turn it into a control token."""
+    return controls.sub(lambda m: m[0][0] + ZERO_WIDTH_SPACE + m[0][1:], text)
 
 
 @dataclass(frozen=True)
@@ -38,10 +66,11 @@ class JudgeRequest:
     def max_tokens(self) -> int:
         return self.sampling.max_tokens or self.constraint.max_tokens()
 
-    def chat(self, merge_system: bool = False) -> list[dict[str, str]]:
-        """OpenAI-style messages. `merge_system` folds the system turn into the first user turn, for chat
-        templates that have no system role (Gemma 2 raises on one)."""
-        messages = [{"role": role, "content": content} for role, content in self.messages]
+    def chat(self, merge_system: bool = False, controls: re.Pattern = CONTROL_TOKENS) -> list[dict[str, str]]:
+        """OpenAI-style messages, with control-token spellings neutralised (`controls`: the engine's pattern).
+        `merge_system` folds the system turn into the first user turn, for chat templates that have no system
+        role (Gemma 2 raises on one)."""
+        messages = [{"role": role, "content": neutralise(content, controls)} for role, content in self.messages]
         if merge_system and len(messages) > 1 and messages[0]["role"] == "system" and messages[1]["role"] == "user":
             system, first = messages[0], messages[1]
             messages[1:2] = [{"role": "user", "content": f"{system['content']}\n\n{first['content']}"}]
@@ -99,6 +128,24 @@ class Engine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+# Optional capability, used to fit long inputs (long_inputs.py); engines without it are never measured:
+#   context_size: int | None                      the judge's context window (n_ctx, max_model_len)
+#   count_tokens(texts) -> list[int]              plain text, as the judge's tokenizer splits it
+#   count_prompt_tokens(requests) -> list[int] | None   full prompts, chat template included (None: cannot render)
+TEMPLATE_MARGIN = 32  # tokens a chat template may add around the messages, when it cannot be rendered
+
+
+def prompt_token_counts(engine: Any, requests: Sequence[JudgeRequest]) -> list[int]:
+    """Each request's prompt size in the judge's tokens: the rendered chat template where the engine can
+    render it, else the messages' text plus TEMPLATE_MARGIN."""
+    count = getattr(engine, "count_prompt_tokens", None)
+    counts = count(requests) if count is not None else None
+    if counts is not None:
+        return counts
+    texts = ["\n".join(m["content"] for m in r.chat()) for r in requests]
+    return [n + TEMPLATE_MARGIN for n in engine.count_tokens(texts)]
 
 
 async def agenerate(engine: Engine, requests: Sequence[JudgeRequest]) -> list[JudgeOutput]:

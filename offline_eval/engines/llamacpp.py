@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
 
 
 class LlamaCppEngine:
@@ -47,7 +47,11 @@ class LlamaCppEngine:
             )
         except (ValueError, RuntimeError) as exc:
             raise EngineError(f"llama.cpp could not load {self.model_path}: {exc}") from None
-        self.n_ctx = n_ctx
+        self.n_ctx = self.context_size = n_ctx
+        # create_chat_completion renders the chat template to text and tokenizes it with control tokens parsed:
+        # every control token of this vocabulary is neutralised in message text (JudgeRequest.chat).
+        self._controls = control_pattern(self._control_tokens())
+        self._template = self._chat_template()
         self.identity = {
             "engine": "llamacpp",
             "model": name or self.model_path.stem,
@@ -65,8 +69,37 @@ class LlamaCppEngine:
             self._grammars[key] = LlamaGrammar.from_string(request.constraint.gbnf(), verbose=False)
         return self._grammars[key]
 
-    def count_tokens(self, text: str) -> int:
-        return len(self._llm.tokenize(text.encode(), add_bos=False, special=False))
+    def _control_tokens(self) -> list[str]:
+        from llama_cpp import LLAMA_TOKEN_ATTR_CONTROL
+
+        model = self._llm._model
+        return [model.token_get_text(i) for i in range(self._llm.n_vocab())
+                if model.token_get_attr(i) & LLAMA_TOKEN_ATTR_CONTROL]
+
+    def _chat_template(self) -> Any:
+        """The GGUF's chat template as llama-cpp-python renders it (its built-in formats are only chosen when
+        they equal this template); None for a GGUF without one."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self._llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            return None
+        model, eos, bos = self._llm._model, self._llm.token_eos(), self._llm.token_bos()
+        return Jinja2ChatFormatter(template=template, eos_token=model.token_get_text(eos) if eos != -1 else "",
+                                   bos_token=model.token_get_text(bos) if bos != -1 else "")
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(self._llm.tokenize(t.encode(), add_bos=False, special=False)) for t in texts]
+
+    def prompt_ids(self, request: JudgeRequest) -> list[int]:
+        """The prompt's token ids as create_chat_completion builds them (needs the GGUF's chat template)."""
+        rendered = self._template(messages=request.chat(controls=self._controls))
+        return self._llm.tokenize(rendered.prompt.encode(), add_bos=not rendered.added_special, special=True)
+
+    def count_prompt_tokens(self, requests: Sequence[JudgeRequest]) -> Optional[list[int]]:
+        if self._template is None:
+            return None
+        return [len(self.prompt_ids(r)) for r in requests]
 
     def generate(
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
@@ -85,7 +118,7 @@ class LlamaCppEngine:
     def _one(self, request: JudgeRequest) -> JudgeOutput:
         try:
             result = self._llm.create_chat_completion(
-                messages=request.chat(),
+                messages=request.chat(controls=self._controls),
                 grammar=self._grammar(request),
                 temperature=request.sampling.temperature,
                 seed=request.sampling.seed,

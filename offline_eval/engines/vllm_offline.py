@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..constraints import Choice
-from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
+from .vllm_launch import OFFLINE_ENV
 
 
 class VllmOfflineEngine:
@@ -58,6 +59,8 @@ class VllmOfflineEngine:
         self.merge_system = merge_system
         if kv_cache_gb is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
+        for key, value in OFFLINE_ENV.items():  # no hub, no usage stats: set before vLLM is imported
+            os.environ.setdefault(key, value)
         try:
             from vllm import LLM
         except ImportError:
@@ -75,7 +78,8 @@ class VllmOfflineEngine:
         except Exception as exc:  # vLLM raises many kinds: config, memory, missing files
             raise EngineError(f"vLLM could not load {self.model_dir}: {type(exc).__name__}: {exc}") from None
         self._tokenizer = self._llm.get_tokenizer()
-        self.max_model_len = self._llm.llm_engine.model_config.max_model_len
+        self.max_model_len = self.context_size = self._llm.llm_engine.model_config.max_model_len
+        self._controls = control_pattern(special_tokens(self._tokenizer))
         self.identity = {
             "engine": "vllm-offline",
             "model": name or self.model_dir.name,
@@ -98,8 +102,17 @@ class VllmOfflineEngine:
             structured_outputs=structured,
         )
 
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(self._tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+    def count_prompt_tokens(self, requests: Sequence[JudgeRequest]) -> list[int]:
+        return [self.prompt_tokens(r) for r in requests]
+
+    def _chat(self, request: JudgeRequest) -> list[dict[str, str]]:
+        return request.chat(self.merge_system, self._controls)
+
     def prompt_tokens(self, request: JudgeRequest) -> int:
-        ids = self._tokenizer.apply_chat_template(request.chat(self.merge_system), tokenize=True,
+        ids = self._tokenizer.apply_chat_template(self._chat(request), tokenize=True,
                                                   add_generation_prompt=True, **self.chat_template_kwargs)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
@@ -124,7 +137,7 @@ class VllmOfflineEngine:
         if todo:
             with self._lock:
                 results = self._llm.chat(
-                    [requests[i].chat(self.merge_system) for i in todo],
+                    [self._chat(requests[i]) for i in todo],
                     sampling_params=[self._params(requests[i], room[i]) for i in todo],
                     use_tqdm=False,
                     chat_template_kwargs=self.chat_template_kwargs or None,
@@ -162,3 +175,11 @@ class VllmOfflineEngine:
             pass
         del llm
         gc.collect()
+
+
+def special_tokens(tokenizer: Any) -> list[str]:
+    """A Hugging Face tokenizer's special and added tokens: it matches all of them in text, so user text must
+    never spell one (JudgeRequest.chat neutralises them)."""
+    tokens = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    tokens.update(t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values())
+    return sorted(tokens)

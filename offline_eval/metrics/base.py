@@ -94,6 +94,7 @@ class Metric:
     name: str = ""
     required: tuple[str, ...] = ()
     needs_embeddings: bool = False
+    shows_contexts: bool = False  # the first stage's prompts carry the retrieved contexts
 
     def __init__(self, llm: Any = None, embeddings: Any = None, name: Optional[str] = None,
                  language: str = "auto"):
@@ -108,6 +109,14 @@ class Metric:
     # ---- what subclasses implement -------------------------------------------------------------------
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         raise NotImplementedError
+
+    def context_probes(self, sample: SingleTurnSample, lang: str) -> list[JudgeRequest]:
+        """The judge requests whose prompts carry the retrieved contexts, at their longest: what must fit the
+        judge's context window (long_inputs.py). Default: the first stage, for metrics that show the contexts
+        there; none for metrics that never do."""
+        if not (self.shows_contexts and sample.retrieved_contexts):
+            return []
+        return [item for item in next(self.plan(sample, lang)) if isinstance(item, JudgeRequest)]
 
     def language_of(self, sample: SingleTurnSample) -> str:
         if self.language != "auto":

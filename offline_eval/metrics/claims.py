@@ -69,6 +69,13 @@ def check_claim(claim: str, sources: Sequence[str], lang: str, tag: str = "verdi
     return request(_CHECK[lang], _CHECK_USER[lang].format(source=source, claim=claim), YES_NO, tag)
 
 
+def longest_check(text: str, sources: Sequence[str], lang: str) -> JudgeRequest:
+    """A claim check as long as `claims_supported_by` may ask about a claim of `text`: the claim is `text`'s
+    opening at the longest a claim may be, so it tokenizes like the real ones (long_inputs.py measures it)."""
+    claim = (text + " ") * (MAX_CLAIM_CHARS // max(len(text), 1) + 1)
+    return check_claim(claim[:MAX_CLAIM_CHARS], sources, lang)
+
+
 def claims_of(output: JudgeOutput) -> Optional[list[str]]:
     """The claims from an extraction output, without duplicates; None if the call failed."""
     if output.value is None:

@@ -43,6 +43,7 @@ def average_precision(verdicts: Sequence[Optional[bool]]) -> Optional[float]:
 class ContextPrecision(Metric):
     name = "context_precision"
     required = ("user_input", "retrieved_contexts", "reference")
+    shows_contexts = True
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         q, r = sample.user_input, sample.reference

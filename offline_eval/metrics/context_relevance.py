@@ -51,6 +51,7 @@ LABELS = {"0": "the contexts are irrelevant", "1": "the contexts are partially r
 class ContextRelevance(Metric):
     name = "context_relevance"
     required = ("user_input", "retrieved_contexts")
+    shows_contexts = True
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         user = _USER[lang].format(c=numbered(sample.retrieved_contexts), q=sample.user_input)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..dataset import SingleTurnSample
 from .base import Metric, Plan
-from .claims import claims_supported_by
+from .claims import claims_supported_by, longest_check
 
 
 class Faithfulness(Metric):
@@ -19,3 +19,6 @@ class Faithfulness(Metric):
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         return (yield from claims_supported_by(sample.response, sample.user_input, sample.retrieved_contexts,
                                                lang, "response"))
+
+    def context_probes(self, sample: SingleTurnSample, lang: str):
+        return [longest_check(sample.response, sample.retrieved_contexts, lang)]

@@ -50,6 +50,7 @@ LABELS = {"0": "the response is not grounded in the contexts",
 class ResponseGroundedness(Metric):
     name = "response_groundedness"
     required = ("response", "retrieved_contexts")
+    shows_contexts = True
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         user = _USER[lang].format(c=numbered(sample.retrieved_contexts), a=sample.response)

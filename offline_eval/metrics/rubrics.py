@@ -62,6 +62,7 @@ def rubric_text(rubrics: dict[str, str]) -> str:
 class RubricsScore(Metric):
     name = "rubrics_score"
     required = ("response",)
+    shows_contexts = True
 
     def __init__(self, llm=None, embeddings=None, rubrics: Optional[dict[str, str]] = None, **kwargs):
         super().__init__(llm, embeddings, **kwargs)

@@ -1,0 +1,113 @@
+"""Retrieved contexts longer than the judge's context window: the `long_inputs` policy.
+
+Before a metric's plan starts, the requests that carry the retrieved contexts (`Metric.context_probes`: its
+first stage, or for claim metrics a claim check with a claim as long as claims may be) are measured with the
+judge's own tokenizer and chat template, and must fit its context size minus the call's output budget
+(`max_tokens`). When one does not:
+
+- "truncate" (default): the contexts are cut from the end, longest first — every context above a common
+  token level is cut down to that level — until every such prompt fits. The result says so in
+  `details["long_input"]`, which `evaluate` reports as a warning naming the row and the field.
+- "error": the metric gets no value for that sample, and its reason (and `details["long_input"]`) says why;
+  the run goes on.
+
+Other fields are never cut: a response too long for the judge still fails its own calls, as before. Engines
+that cannot count tokens (no `count_tokens` or no `context_size`) are not measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from .dataset import SingleTurnSample
+from .engines.base import TEMPLATE_MARGIN, JudgeRequest, prompt_token_counts
+from .metrics.base import Metric, MetricResult, Plan
+
+POLICIES = ("truncate", "error")
+SAFETY = 8  # tokens kept free: a claim check's claim is estimated, not known
+MAX_ROUNDS = 8  # cuts are made in characters and re-measured; they converge in two or three rounds
+
+
+@dataclass
+class Fit:
+    sample: Optional[SingleTurnSample]  # None: it cannot be scored
+    note: str = ""  # what was cut, or why it cannot be scored
+
+
+def fitted_plan(metric: Metric, sample: SingleTurnSample, lang: str, engine: Any, policy: str) -> Plan:
+    """`metric.plan` on `sample` with its contexts made to fit the judge, under `policy`."""
+    fit = fit_contexts(metric, sample, lang, engine, policy)
+    if fit.sample is None:
+        return MetricResult(None, f"not scored: {fit.note}", {"long_input": fit.note})
+    result = yield from metric.plan(fit.sample, lang)
+    if fit.note:
+        result.details["long_input"] = fit.note
+    return result
+
+
+def fit_contexts(metric: Metric, sample: SingleTurnSample, lang: str, engine: Any, policy: str) -> Fit:
+    if policy not in POLICIES:
+        raise ValueError(f"long_inputs must be one of {', '.join(POLICIES)}, not {policy!r}")
+    size = getattr(engine, "context_size", None)
+    if not (sample.retrieved_contexts and size and hasattr(engine, "count_tokens")):
+        return Fit(sample)
+    probes = metric.context_probes(sample, lang)
+    if not probes or all(_surely_fits(r, size) for r in probes):
+        return Fit(sample)
+    over = _overflow(engine, probes, size)
+    if over <= 0:
+        return Fit(sample)
+    if policy == "error":
+        return Fit(None, f"retrieved_contexts too long for the judge's context window ({size} tokens): the "
+                         f"longest prompt is {over} tokens over (long_inputs=error)")
+    contexts = list(sample.retrieved_contexts)
+    before = sizes = engine.count_tokens(contexts)
+    for _ in range(MAX_ROUNDS):
+        level = _level(sizes, over)
+        contexts = [_cut(text, n, level) for text, n in zip(contexts, sizes)]
+        if not any(c.strip() for c in contexts):
+            break
+        trial = dataclasses.replace(sample, retrieved_contexts=contexts)
+        over = _overflow(engine, metric.context_probes(trial, lang), size)
+        sizes = engine.count_tokens(contexts)
+        if over <= 0:
+            cuts = ", ".join(f"context {i} from {a} to {b} tokens"
+                             for i, (a, b) in enumerate(zip(before, sizes), 1) if b < a)
+            return Fit(trial, f"retrieved_contexts truncated to fit the judge's context window ({size} tokens): "
+                              f"{cuts}")
+    return Fit(None, f"the prompt does not fit the judge's context window ({size} tokens) even with the "
+                     f"retrieved_contexts cut to nothing: another field is too long")
+
+
+def _surely_fits(request: JudgeRequest, size: int) -> bool:
+    """Every token holds at least one byte, so a prompt with fewer bytes than room fits without counting."""
+    text_bytes = sum(len(m["content"].encode()) for m in request.chat())
+    return text_bytes + 4 * TEMPLATE_MARGIN + request.max_tokens + SAFETY <= size
+
+
+def _overflow(engine: Any, probes: Sequence[JudgeRequest], size: int) -> int:
+    """Tokens by which the longest probe (with its output budget) exceeds the context window."""
+    counts = prompt_token_counts(engine, probes)
+    return max(n + r.max_tokens + SAFETY - size for n, r in zip(counts, probes))
+
+
+def _level(sizes: Sequence[int], over: int) -> int:
+    """The highest token level L such that cutting every context down to L removes at least `over` tokens
+    (0 if even all of them are not enough)."""
+    lo, hi = 0, max(sizes)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(max(0, n - mid) for n in sizes) >= over:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _cut(text: str, tokens: int, level: int) -> str:
+    """`text` cut from the end to about `level` tokens (characters in proportion, a little under)."""
+    if tokens <= level:
+        return text
+    return text[:int(len(text) * level / tokens * 0.95)].rstrip()
