@@ -42,12 +42,12 @@ Text: Sure! It flows through ten countries and ends in the Black Sea. Have you e
 
 _CHECK = {
     "en": """You check whether a claim is supported by a source text.
-Answer "yes" if the source states the claim, in the same or other words, or the claim clearly follows from the source.
-Answer "no" if the source contradicts the claim, or does not contain the information needed to confirm it, including when a name, number, date or other detail of the claim is missing from the source or different in it.
+Answer "yes" if the source says what the claim says, in the same or in other words: synonyms, paraphrases and a shorter or more general wording all count as support, and the claim may leave out details of the source.
+Answer "no" if the claim contradicts the source, or states something the source does not contain, such as a different or additional name, number, date, place or fact.
 Judge only by the source text, never by your own knowledge.""",
     "zh": """你的任务是判断一条声明能否从给定的原文中得到支持。
-如果原文陈述了该声明（措辞相同或不同均可），或可以从原文直接推出，回答 "yes"。
-如果原文与该声明矛盾，或原文没有足以确认它的信息，回答 "no"；声明中的名称、数字、日期或其他细节在原文中没有出现或与原文不同，也属于这种情况。
+如果原文表达了声明所说的意思，回答 "yes"：措辞不同、同义词或近义词（例如"负责人"和"主管"）、换一种说法或更笼统的概括都算得到支持，声明也可以省略原文的部分细节。
+如果声明与原文矛盾，或声明包含原文没有的内容（例如不同的或额外的名称、数字、日期、地点或事实），回答 "no"。
 只依据原文判断，不要使用你自己的知识。""",
 }
 
