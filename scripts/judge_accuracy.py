@@ -22,6 +22,10 @@ Examples (from the repository root, with PYTHONPATH=. and OFFLINE_EVAL_THREADS=2
 
 Rows are taken in a random order fixed by --seed, so (--seed, --offset, --limit) names a reproducible subset
 and two subsets with the same seed and non-overlapping offsets never share a row.
+
+To compare several judges on BEGIN (or on your own labels) with confidence intervals, cost and an HTML
+report, use `offline-eval compare` (README, "Comparing judges"); it shares this script's loader, subset
+order and statistics (offline_eval/labels.py, offline_eval/agreement.py).
 """
 
 from __future__ import annotations
@@ -40,43 +44,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from offline_eval import llm_factory  # noqa: E402
+from offline_eval.agreement import accuracy, balanced_accuracy, roc_auc  # noqa: E402
+from offline_eval.labels import LabelledSet, load_labelled  # noqa: E402
 from offline_eval.metrics import MetricResult, metric_by_name  # noqa: E402
 
 DEFAULT_TSV = REPO.parent / "shared" / "benchmarks" / "begin" / "begin_dev_wow.tsv"
-POSITIVE = "Fully attributable"
 
 
-# ---- statistics -----------------------------------------------------------------------------------------
+# ---- the BEGIN suite (the loader and the statistics are offline_eval.labels and offline_eval.agreement) ---
 
-def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
-    """ROC-AUC via the rank-sum (Mann-Whitney U) formula; tied scores get their average rank."""
-    scores = np.asarray(scores, dtype=float)
-    labels = np.asarray(labels, dtype=bool)
-    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = pd.Series(scores).rank(method="average").to_numpy()
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def accuracy(pred: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-    """(accuracy, balanced accuracy) of boolean predictions."""
-    acc = float((pred == labels).mean())
-    recalls = [float((pred[labels == c] == c).mean()) for c in (True, False) if (labels == c).any()]
-    return acc, float(np.mean(recalls))
-
-
-# ---- the BEGIN suite ------------------------------------------------------------------------------------
-
-def load_begin(path: Path, seed: int, offset: int, limit: Optional[int]) -> pd.DataFrame:
-    df = pd.read_csv(path, sep="\t", quoting=3, keep_default_na=False, dtype=str)
-    df = df.sample(frac=1.0, random_state=seed).reset_index(names="row")  # "row": the line in the file - 2
-    return df.iloc[offset:offset + limit if limit else None].reset_index(drop=True)
-
-
-def begin_samples(df: pd.DataFrame) -> list[dict]:
-    return [{"user_input": r.message, "retrieved_contexts": [r.knowledge], "response": r.response}
-            for r in df.itertuples()]
+def load_begin(path: Path, seed: int, offset: int, limit: Optional[int]) -> LabelledSet:
+    return load_labelled(path).subset(limit, seed, offset)
 
 
 def rating_counts(results: Sequence[MetricResult]) -> str:
@@ -97,9 +75,11 @@ def report_begin(name: str, results: Sequence[MetricResult], labels: np.ndarray,
     values = np.array([np.nan if r.value is None else r.value for r in results], dtype=float)
     valid = ~np.isnan(values)
     auc = roc_auc(values[valid], labels[valid])
-    acc, bal = accuracy(values[valid] >= threshold, labels[valid])
+    pred, truth = values[valid] >= threshold, labels[valid]
+    acc, bal = accuracy(pred, truth), balanced_accuracy(pred, truth)
     # Dual-judge scores are often exactly 0.5 (two "partial" ratings), so also show the strict threshold.
-    acc_strict, bal_strict = accuracy(values[valid] > threshold, labels[valid])
+    strict = values[valid] > threshold
+    acc_strict, bal_strict = accuracy(strict, truth), balanced_accuracy(strict, truth)
     pos_mean = np.nanmean(values[labels]) if (valid & labels).any() else np.nan
     neg_mean = np.nanmean(values[~labels]) if (valid & ~labels).any() else np.nan
     print(f"\n{name}  ({len(results)} rows, {int(labels.sum())} fully attributable)")
@@ -114,10 +94,13 @@ def report_begin(name: str, results: Sequence[MetricResult], labels: np.ndarray,
 
 
 def run_begin(args: argparse.Namespace, judge) -> None:
-    df = load_begin(Path(args.tsv), args.seed, args.offset, args.limit)
-    labels = (df.begin_label == POSITIVE).to_numpy()
-    samples = begin_samples(df)
-    print(f"BEGIN: {len(df)} rows from {args.tsv} (seed {args.seed}, offset {args.offset})")
+    labelled = load_begin(Path(args.tsv), args.seed, args.offset, args.limit)
+    labels = np.array(labelled.labels["faithfulness"]) == 1.0  # the same labels for both BEGIN metrics
+    samples = [row.data for row in labelled.rows]
+    print(f"BEGIN: {len(labelled)} rows from {args.tsv} (seed {args.seed}, offset {args.offset})")
+    table = pd.DataFrame([{"row": r.number, **r.extra, "knowledge": r.data["retrieved_contexts"][0],
+                           "message": r.data["user_input"], "response": r.data["response"]} for r in labelled.rows])
+    table["fully_attributable"] = labels
     for name in args.metrics:
         metric = metric_by_name(name)
         metric.llm = judge
@@ -125,10 +108,10 @@ def run_begin(args: argparse.Namespace, judge) -> None:
         results = metric.batch_score(samples, show_progress=args.progress)
         seconds = time.perf_counter() - started
         report_begin(metric.name, results, labels, seconds, args.threshold)
-        df[metric.name] = [r.value for r in results]
-        df[metric.name + "_reason"] = [r.reason for r in results]
+        table[metric.name] = [r.value for r in results]
+        table[metric.name + "_reason"] = [r.reason for r in results]
     if args.output:
-        df.to_csv(args.output, index=False)
+        table.to_csv(args.output, index=False)
         print(f"\nper-row scores written to {args.output}")
 
 

@@ -1,0 +1,169 @@
+"""The tables of a judge comparison, built once from `compare.analyse`'s output and rendered three ways:
+a rich table for the terminal, markdown, and HTML (report_html.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+STAT_NAMES = {"auc": "ROC-AUC", "balanced_accuracy": "balanced accuracy", "accuracy": "accuracy",
+              "kappa": "Cohen's kappa", "spearman": "Spearman", "kendall": "Kendall tau-b"}
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+# ---- formatting -----------------------------------------------------------------------------------------
+
+def num(value: Optional[float], digits: int = 3) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def with_ci(est: dict[str, Any]) -> str:
+    lo, hi = est["ci"]
+    return num(est["value"]) + ("" if _missing(lo) else f" [{num(lo, 2)}, {num(hi, 2)}]")
+
+
+def percent(value: Optional[float]) -> str:
+    return "n/a" if _missing(value) else f"{100 * value:.1f}%"
+
+
+def size(nbytes: Optional[int]) -> str:
+    if nbytes is None:
+        return "unknown"
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1024 or unit == "GB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return ""
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+# ---- the tables -----------------------------------------------------------------------------------------
+
+def agreement_table(analysis: dict[str, Any], metric: str) -> Table:
+    m = analysis["metrics"][metric]
+    graded = m["labels"]["graded"]
+    columns = ["judge", "scored", "no score", "invalid calls", "threshold", "accuracy", "balanced acc.",
+               "kappa", "ROC-AUC"] + (["Spearman", "Kendall"] if graded else [])
+    rows = []
+    for name in m["ranking"]:
+        a = m["judges"][name]
+        row = [name, f"{a['scored']}/{a['n']}", percent(a["no_score_rate"]), percent(a["invalid_calls"]),
+               num(a["threshold"], 2), with_ci(a["accuracy"]), with_ci(a["balanced_accuracy"]),
+               with_ci(a["kappa"]), with_ci(a["auc"])]
+        if graded:
+            row += [with_ci(a["spearman"]), with_ci(a["kendall"])]
+        rows.append(row)
+    labels = m["labels"]
+    first = m["judges"][m["ranking"][0]] if m["ranking"] else {}
+    rule = first.get("threshold_rule", "fixed")
+    where = "" if rule == "fixed" else ", reported on the held-out half"
+    scale = " (graded labels: positive = above the middle of the scale)" if graded else ""
+    note = (f"{labels['n']} labelled rows, {labels['positive']} positive{scale}; prediction: score >= threshold "
+            f"({rule}{where}); [95% bootstrap CI]; judges ranked by "
+            f"{STAT_NAMES[analysis['settings']['rank_by']]}; recommended: {m['recommended']}")
+    return Table(f"{metric}: agreement with the labels", columns, rows, note)
+
+
+def cost_table(analysis: dict[str, Any]) -> Table:
+    columns = ["judge", "engine", "weights", "load s", "s / sample", "tokens / sample", "peak RSS",
+               "RSS before load"]
+    rows = []
+    for j in analysis["judges"]:
+        mem = j["memory"]
+        peak = size(mem.get("peak_rss")) + (" (lifetime)" if mem.get("scope") != "judge" else "")
+        peak += " (client only)" if mem.get("note") else ""
+        rows.append([j["name"], str(j["engine"]), size(j["size_bytes"]), num(j["load_seconds"], 1),
+                     num(j["seconds_per_sample"], 2), num(j["tokens_per_sample"], 0), peak,
+                     size(mem.get("baseline_rss"))])
+    note = ("s / sample and tokens / sample (prompt + completion) over all compared metrics; peak RSS: the "
+            "process's highest resident memory while that judge loaded and ran (it includes the RSS before "
+            "load); a vLLM server's own memory is not included")
+    return Table("cost per judge", columns, rows, note)
+
+
+def consistency_table(analysis: dict[str, Any]) -> Optional[Table]:
+    rows = []
+    for metric, m in analysis["metrics"].items():
+        for name, a in m["judges"].items():
+            c = a["consistency"]
+            if not c:
+                continue
+            bias = c.get("role_swap_bias")
+            rows.append([metric, name,
+                         percent(c.get("template_agreement")) if "template_agreement" in c else "-",
+                         num(c.get("template_kappa")) if "template_kappa" in c else "-",
+                         with_ci(bias) if bias else "-",
+                         percent(c.get("rerun_identical")) if "rerun_identical" in c else "-"])
+    if not rows:
+        return None
+    note = ("templates agree: both templates of a dual-judge metric gave the same rating (kappa corrects for "
+            "chance); role-swap bias (answer_accuracy): mean score of template 1 minus template 2 (which swaps "
+            "response and reference) on the 0-1 scale; reruns identical: share of rerun scores equal to the "
+            "first run's — 100% is expected at temperature 0 (greedy decoding, the default)")
+    return Table("consistency", ["metric", "judge", "templates agree", "template kappa", "role-swap bias",
+                                 "reruns identical"], rows, note)
+
+
+def ranking_table(analysis: dict[str, Any]) -> Table:
+    stat = analysis["settings"]["rank_by"]
+    overall = analysis["overall"]
+    sizes = {j["name"]: j["size_bytes"] for j in analysis["judges"]}
+    metrics = list(analysis["metrics"])
+    rows = []
+    for place, name in enumerate(overall["ranking"], 1):
+        per_metric = [num(analysis["metrics"][m]["judges"][name][stat]["value"]) for m in metrics]
+        mark = "recommended" if name == overall["recommended"] else ""
+        rows.append([str(place), name, size(sizes.get(name)), num(overall["primary"][name]), *per_metric, mark])
+    note = (f"ranked by the mean {STAT_NAMES[stat]} over the metrics; recommended: the smallest judge (weights "
+            f"on disk) within {analysis['settings']['margin']} of the best")
+    return Table("ranking", ["#", "judge", "weights", f"mean {STAT_NAMES[stat]}", *metrics, ""], rows, note)
+
+
+def all_tables(analysis: dict[str, Any]) -> list[Table]:
+    tables = [ranking_table(analysis)]
+    tables += [agreement_table(analysis, m) for m in analysis["metrics"]]
+    tables.append(cost_table(analysis))
+    extra = consistency_table(analysis)
+    return tables + ([extra] if extra else [])
+
+
+# ---- renderers ------------------------------------------------------------------------------------------
+
+def to_rich(table: Table):
+    from rich.table import Table as RichTable
+
+    out = RichTable(title=table.title, caption=table.note or None, caption_justify="left")
+    for i, col in enumerate(table.columns):
+        out.add_column(col, justify="left" if i < 2 else "right")
+    for row in table.rows:
+        out.add_row(*row)
+    return out
+
+
+def to_markdown(table: Table) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    lines = [f"### {table.title}", "", line(table.columns), line(["---"] * len(table.columns))]
+    lines += [line(row) for row in table.rows]
+    if table.note:
+        lines += ["", table.note]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(analysis: dict[str, Any]) -> str:
+    labels = analysis["labels"]
+    head = (f"# Judge comparison\n\nLabels: `{labels['source']}` ({labels['format']}, {labels['rows']} rows). "
+            f"Recommended judge: **{analysis['overall']['recommended']}**.\n")
+    return head + "\n" + "\n".join(to_markdown(t) for t in all_tables(analysis))
