@@ -7,6 +7,9 @@ part of the key on purpose: two judges asked the same question must not share an
 Only outputs with a value are stored: a failed call (value None) is retried by the next run. The scheduler
 writes each engine batch as soon as it returns, so a killed run loses at most one batch, and rerunning with
 the cache on resumes where it stopped.
+
+Sentence embeddings are kept beside the judge calls (table `embeddings`, keyed by the embedding model's
+identity and the text, float32), so a warm rerun computes no model output at all.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+import numpy as np
+
 from .engines.base import JudgeOutput, JudgeRequest
 from .models import cache_dir
 
@@ -30,6 +35,13 @@ CREATE TABLE IF NOT EXISTS judge_calls (
     key TEXT PRIMARY KEY,       -- sha256 of (judge identity, request key)
     judge TEXT NOT NULL,        -- the judge identity as canonical JSON, for inspection and pruning
     output TEXT NOT NULL,       -- the JudgeOutput fields as JSON
+    created REAL NOT NULL
+)
+"""
+_VECTORS = """
+CREATE TABLE IF NOT EXISTS embeddings (
+    key TEXT PRIMARY KEY,       -- sha256 of (embedding model identity, text)
+    vector BLOB NOT NULL,       -- float32, native byte order
     created REAL NOT NULL
 )
 """
@@ -49,11 +61,11 @@ def identity_json(identity: dict[str, Any]) -> str:
 
 
 def cache_key(identity: dict[str, Any], request: JudgeRequest) -> str:
-    return _key(identity_json(identity), request)
+    return _key(identity_json(identity), request.key)
 
 
-def _key(judge: str, request: JudgeRequest) -> str:
-    return hashlib.sha256(f"{judge}\n{request.key}".encode()).hexdigest()
+def _key(judge: str, request_key: str) -> str:
+    return hashlib.sha256(f"{judge}\n{request_key}".encode()).hexdigest()
 
 
 class JudgeCache:
@@ -82,10 +94,11 @@ class JudgeCache:
         if version not in (0, SCHEMA_VERSION):
             raise CacheError(f"the judge cache {self.path} has schema version {version}, this offline-eval "
                              f"uses {SCHEMA_VERSION}: delete the file or pass another --cache path")
-        if version == 0:
-            with self._db:
+        with self._db:
+            if version == 0:
                 self._db.execute(_SCHEMA)
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute(_VECTORS)  # added within schema version 1: older files just gain the table
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -105,7 +118,7 @@ class JudgeCache:
     def get_many(self, identity: dict[str, Any], requests: Sequence[JudgeRequest]) -> dict[str, JudgeOutput]:
         """Cached outputs by request key (JudgeRequest.key), for the requests that have one."""
         judge = identity_json(identity)
-        keys = {_key(judge, r): r.key for r in requests}
+        keys = {_key(judge, k): k for k in (r.key for r in requests)}  # JudgeRequest.key hashes: once each
         found: dict[str, JudgeOutput] = {}
         todo = list(keys)
         with self._lock, self._errors():
@@ -121,12 +134,34 @@ class JudgeCache:
                  outputs: Sequence[JudgeOutput]) -> int:
         """Store the successful outputs and commit; returns how many were stored."""
         judge, now = identity_json(identity), time.time()
-        rows = [(_key(judge, r), judge, _row(o), now) for r, o in zip(requests, outputs)
+        rows = [(_key(judge, r.key), judge, _row(o), now) for r, o in zip(requests, outputs)
                 if o.value is not None]
         if rows:
             with self._lock, self._errors(), self._db:
                 self._db.executemany("INSERT OR REPLACE INTO judge_calls VALUES (?, ?, ?, ?)", rows)
         return len(rows)
+
+    def get_vectors(self, identity: dict[str, Any], texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """Cached embeddings by text, for the texts that have one."""
+        model = identity_json(identity)
+        keys = {_key(model, t): t for t in texts}
+        found: dict[str, np.ndarray] = {}
+        todo = list(keys)
+        with self._lock, self._errors():
+            for start in range(0, len(todo), 500):
+                part = todo[start:start + 500]
+                rows = self._db.execute(
+                    f"SELECT key, vector FROM embeddings WHERE key IN ({','.join('?' * len(part))})", part)
+                for key, blob in rows:
+                    found[keys[key]] = np.frombuffer(blob, dtype=np.float32)
+        return found
+
+    def put_vectors(self, identity: dict[str, Any], texts: Sequence[str], vectors: Sequence[np.ndarray]) -> None:
+        model, now = identity_json(identity), time.time()
+        rows = [(_key(model, t), np.asarray(v, dtype=np.float32).tobytes(), now) for t, v in zip(texts, vectors)]
+        if rows:
+            with self._lock, self._errors(), self._db:
+                self._db.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?)", rows)
 
     def count(self) -> int:
         """How many judge calls the cache holds."""

@@ -82,6 +82,7 @@ class Embeddings:
         if not Path(path).is_dir():
             raise ModelError(f"embedding model folder not found: {path}")
         self.name = name or Path(path).name
+        self.identity = {"embeddings": self.name, "path": str(path)}  # keys its vectors in the judge cache
         self.model = SentenceTransformer(str(path), device=device, local_files_only=True,
                                          trust_remote_code=False)
 

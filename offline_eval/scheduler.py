@@ -1,13 +1,22 @@
 """The scheduler: the only place that knows about batching.
 
-It starts one plan per (sample, metric), then runs them in waves: each wave gathers the stage every
-unfinished plan is waiting on, deduplicates identical judge requests and embedding texts across all of
-them, sends the judge requests to the engine as one batch, and feeds each plan its results. Dependent
-stages (claims -> verdicts) simply come in the next wave.
+It starts one plan per (sample, metric), then runs them in one of two ways:
+
+- waves (in-process engines: llama.cpp, vllm-offline): each wave gathers the stage every unfinished plan is
+  waiting on, deduplicates identical judge requests and embedding texts across all of them, sends the
+  judge requests to the engine as one batch, and feeds each plan its results. Dependent stages (claims ->
+  verdicts) simply come in the next wave. Large batches are what these engines need.
+- pipelined (engines with an async `session()`: the vLLM server client; see pipeline.py): each plan runs
+  as its own asyncio task and sends its next stage as soon as its own inputs are answered, so the server
+  never idles at a wave boundary.
+
+Both feed plans through `_deliver`, answer requests through `_Feed` (cache, then engine) and fill the same
+RunStats, results and progress.
 
 With a persistent cache (cache.py), a wave first takes what the cache has, then sends the rest to the engine
 in chunks, sorted by messages so shared prefixes stay together, and stores each chunk as soon as it returns:
-a killed run loses at most one chunk.
+a killed run loses at most one chunk. The pipelined path asks the cache per request and stores new outputs
+every chunk_size answers, and what has returned when the run stops.
 """
 
 from __future__ import annotations
@@ -29,10 +38,10 @@ from .metrics.base import Embed, Metric, MetricResult, Plan
 class RunStats:
     judge_calls: int = 0  # unique requests sent to the engine
     cached: int = 0  # unique requests answered by the persistent cache
-    deduplicated: int = 0  # requests answered by an identical one in the same wave
+    deduplicated: int = 0  # requests answered by an identical one in the same wave (pipelined: run)
     prompt_tokens: int = 0  # tokens of the requests sent to the engine (cached calls cost nothing)
     completion_tokens: int = 0
-    embedded_texts: int = 0
+    embedded_texts: int = 0  # texts the embedding model embedded (not those the cache had)
     seconds: float = 0.0
     # per metric: judge_calls (all its calls), cached (of those), prompt/completion tokens of its new calls,
     # seconds (its share of engine and embedding time). A call shared by two metrics counts for both.
@@ -45,7 +54,7 @@ class RunStats:
 class Progress:
     """Progress callbacks; the CLI passes one that drives a progress bar."""
 
-    def add_total(self, n: int) -> None: ...
+    def add_total(self, n: int) -> None: ...  # n more engine calls are coming (cached ones are not counted)
 
     def advance(self, n: int) -> None: ...
 
@@ -70,10 +79,12 @@ def run_metrics(
     show_progress: bool = False,
     cache: Optional[JudgeCache] = None,
     chunk_size: Optional[int] = None,
+    pipeline: Optional[bool] = None,
 ) -> list[dict[str, MetricResult]]:
     """Score every sample with every metric; returns, per sample, {metric name: result}. With `cache`,
     requests it holds are not sent to the engine, and new outputs are stored every `chunk_size` requests
-    (default: $OFFLINE_EVAL_CHUNK, else 64)."""
+    (default: $OFFLINE_EVAL_CHUNK, else 64). `pipeline`: run the plans pipelined (needs an engine with
+    `session()`) or in waves; default: pipelined whenever the engine can."""
     from .judges import resolve_embeddings, resolve_judge
 
     engine = resolve_judge(judge if judge is not None else _first(metrics, "llm"))
@@ -82,31 +93,48 @@ def run_metrics(
         embedder = resolve_embeddings(embeddings if embeddings is not None else _first(metrics, "embeddings"))
     stats = stats if stats is not None else RunStats()
     feed = _Feed(engine, cache, chunk_size or int(os.environ.get("OFFLINE_EVAL_CHUNK", 0)) or 64)
+    pipelined = hasattr(engine, "session") if pipeline is None else pipeline
+    if pipelined and not hasattr(engine, "session"):
+        raise ValueError(f"the {engine.identity.get('engine')} engine has no async session: it runs in waves")
     if progress is None and show_progress:
         from .progress import RichProgress
 
         with RichProgress() as bar:
-            return _run(samples, metrics, feed, embedder, bar, stats)
-    return _run(samples, metrics, feed, embedder, progress or Progress(), stats)
+            return _run(samples, metrics, feed, embedder, bar, stats, pipelined)
+    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, pipelined)
 
 
 def _first(metrics: Sequence[Metric], attr: str) -> Any:
     return next((getattr(m, attr) for m in metrics if getattr(m, attr) is not None), None)
 
 
-def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats):
+def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats, pipelined: bool):
     started = time.perf_counter()
-    tasks: list[list[_Task]] = []
-    for sample in samples:
-        row = []
-        for metric in metrics:
-            task = _Task(metric, metric.plan(sample, metric.language_of(sample)))
-            _advance(task, None)
-            row.append(task)
-        tasks.append(row)
+    tasks = [[_start(metric, sample) for metric in metrics] for sample in samples]
+    live = [t for row in tasks for t in row if t.result is None]
+    if pipelined:
+        from .pipeline import run_pipelined
 
+        run_pipelined(live, feed, embedder, progress, stats)
+    else:
+        _run_waves(live, feed, embedder, progress, stats)
+    stats.seconds += time.perf_counter() - started
+    for row in tasks:
+        for t in row:
+            _account(stats, t)
+    return [{t.metric.name: t.result for t in row} for row in tasks]
+
+
+def _start(metric: Metric, sample: SingleTurnSample) -> _Task:
+    """A plan for (sample, metric), run up to its first stage."""
+    task = _Task(metric, metric.plan(sample, metric.language_of(sample)))
+    _advance(task, None)
+    return task
+
+
+def _run_waves(tasks: list[_Task], feed: "_Feed", embedder, progress: Progress, stats: RunStats) -> None:
     while True:
-        live = [t for row in tasks for t in row if t.result is None]
+        live = [t for t in tasks if t.result is None]
         if not live:
             break
         requests: dict[str, JudgeRequest] = {}
@@ -120,28 +148,31 @@ def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: R
                     requests.setdefault(item.key, item)
         outputs, cost = feed.generate(list(requests.values()), progress, stats)
         tic = time.perf_counter()
-        vectors = dict(zip(texts, _embed(embedder, list(texts)))) if texts else {}
+        vectors, computed = _embed(embedder, list(texts), feed.cache) if texts else ([], 0)
+        vectors = dict(zip(texts, vectors))
         cost.update(dict.fromkeys(texts, (time.perf_counter() - tic) / max(len(texts), 1)))
-        stats.embedded_texts += len(texts)
+        stats.embedded_texts += computed
         for t in live:
-            results = []
+            results, seconds = [], []
             for item in t.waiting:
                 if isinstance(item, Embed):
                     results.append(np.stack([vectors[x] for x in item.texts]))
-                    t.seconds += sum(cost[x] for x in item.texts)
+                    seconds.append(sum(cost[x] for x in item.texts))
                 else:
-                    out = outputs[item.key]
-                    cached = {"cached": True} if out.meta.get("cached") else {}
-                    t.calls.append({"stage": item.tag, "value": out.value, **out.to_dict(), **cached})
-                    t.seconds += cost.get(item.key, 0.0)
-                    results.append(out)
-            _advance(t, results)
+                    results.append(outputs[item.key])
+                    seconds.append(cost.get(item.key, 0.0))
+            _deliver(t, results, seconds)
 
-    stats.seconds += time.perf_counter() - started
-    for row in tasks:
-        for t in row:
-            _account(stats, t)
-    return [{t.metric.name: t.result for t in row} for row in tasks]
+
+def _deliver(task: _Task, results: list[Any], seconds: list[float]) -> None:
+    """Hand a plan the results of the stage it waits on (recording its judge calls and its share of the
+    time), and run it to its next stage."""
+    for item, result, s in zip(task.waiting, results, seconds):
+        if isinstance(item, JudgeRequest):
+            cached = {"cached": True} if result.meta.get("cached") else {}
+            task.calls.append({"stage": item.tag, "value": result.value, **result.to_dict(), **cached})
+        task.seconds += s
+    _advance(task, results)
 
 
 def _advance(task: _Task, results: Optional[list[Any]]) -> None:
@@ -162,11 +193,24 @@ class _Feed:
     cache: Optional[JudgeCache]
     chunk_size: int
 
+    def lookup(self, requests: Sequence[JudgeRequest], stats: RunStats) -> dict[str, JudgeOutput]:
+        """What the cache holds of `requests`, by request key."""
+        found = self.cache.get_many(self.engine.identity, requests) if self.cache is not None else {}
+        stats.cached += len(found)
+        return found
+
+    def record(self, requests: Sequence[JudgeRequest], outputs: Sequence[JudgeOutput], stats: RunStats) -> None:
+        """Count new engine outputs and store them in the cache (committed at once: a killed run keeps them)."""
+        if self.cache is not None:
+            self.cache.put_many(self.engine.identity, requests, outputs)
+        stats.judge_calls += len(requests)
+        stats.prompt_tokens += sum(o.prompt_tokens for o in outputs)
+        stats.completion_tokens += sum(o.completion_tokens for o in outputs)
+
     def generate(self, requests: list[JudgeRequest], progress: Progress,
                  stats: RunStats) -> tuple[dict[str, JudgeOutput], dict[str, float]]:
         """Outputs by request key, and each new request's share of engine time in seconds."""
-        outputs = self.cache.get_many(self.engine.identity, requests) if self.cache is not None else {}
-        stats.cached += len(outputs)
+        outputs = self.lookup(requests, stats)
         todo = [r for r in requests if r.key not in outputs]
         progress.add_total(len(todo))  # the bar counts engine calls only, so its rate and ETA are real
         # Without a cache one batch per wave lets the engine batch freely; with one, chunks bound the loss
@@ -180,12 +224,8 @@ class _Feed:
             tic = time.perf_counter()
             got = _generate(self.engine, chunk, progress)
             cost.update(dict.fromkeys((r.key for r in chunk), (time.perf_counter() - tic) / len(chunk)))
-            if self.cache is not None:
-                self.cache.put_many(self.engine.identity, chunk, got)
+            self.record(chunk, got, stats)
             outputs.update((r.key, o) for r, o in zip(chunk, got))
-            stats.judge_calls += len(chunk)
-            stats.prompt_tokens += sum(o.prompt_tokens for o in got)
-            stats.completion_tokens += sum(o.completion_tokens for o in got)
         return outputs, cost
 
 
@@ -198,10 +238,21 @@ def _generate(engine: Engine, requests: list[JudgeRequest], progress: Progress) 
     return outputs
 
 
-def _embed(embedder: Any, texts: list[str]) -> list[np.ndarray]:
+def _embed(embedder: Any, texts: list[str], cache: Optional[JudgeCache] = None) -> tuple[list[np.ndarray], int]:
+    """Embeddings of `texts`, and how many the model computed: with a cache, only the ones it lacks
+    (for embedders with an `identity` to key them by)."""
     if embedder is None:
         raise ValueError("this metric needs embeddings: pass embeddings=... or use the default model")
-    return list(embedder.embed(texts))
+    identity = getattr(embedder, "identity", None)
+    if cache is None or identity is None:
+        return list(embedder.embed(texts)), len(texts)
+    found = cache.get_vectors(identity, texts)
+    todo = [t for t in texts if t not in found]
+    if todo:
+        new = embedder.embed(todo)
+        cache.put_vectors(identity, todo, new)
+        found.update(zip(todo, new))
+    return [found[t] for t in texts], len(todo)
 
 
 def _account(stats: RunStats, task: _Task) -> None:

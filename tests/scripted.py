@@ -6,7 +6,9 @@ parses the text through the request's constraint, exactly like a real engine doe
 
 from __future__ import annotations
 
+import asyncio
 import json
+from contextlib import asynccontextmanager
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -34,6 +36,43 @@ class ScriptedJudge:
 
     def close(self) -> None:
         pass
+
+
+class Pipelined:
+    """`judge` (a ScriptedJudge) with the async `session()` of a server engine, so the scheduler runs it
+    pipelined. At most `max_concurrency` requests are in flight; each takes `delay(request)` seconds (default:
+    0-4 ms by its key), so answers come back out of order, as from a server."""
+
+    def __init__(self, judge: ScriptedJudge, max_concurrency: int = 4,
+                 delay: Optional[Callable[[JudgeRequest], float]] = None):
+        self.judge = judge
+        self.max_concurrency = max_concurrency
+        self.delay = delay or (lambda r: int(r.key[:2], 16) % 5 / 1000)
+        self.in_flight = 0
+        self.peak = 0  # the most requests in flight at once
+        self.events: list[tuple[str, str]] = []  # ("start" | "end", request tag), in order
+
+    def __getattr__(self, name: str) -> Any:  # identity, requests, generate, close: the judge's own
+        return getattr(self.judge, name)
+
+    @asynccontextmanager
+    async def session(self):
+        gate = asyncio.Semaphore(self.max_concurrency)
+
+        async def submit(request: JudgeRequest) -> JudgeOutput:
+            async with gate:
+                self.in_flight += 1
+                self.peak = max(self.peak, self.in_flight)
+                self.events.append(("start", request.tag))
+                try:
+                    await asyncio.sleep(self.delay(request))
+                    (out,) = self.judge.generate([request])
+                finally:
+                    self.in_flight -= 1
+                self.events.append(("end", request.tag))
+                return out
+
+        yield submit
 
 
 class TableEmbeddings:

@@ -261,3 +261,47 @@ def test_a_vllm_server_started_for_the_run_is_keyed_by_its_weights_not_its_port(
     assert runs[0].identity["weights"] == str(tmp_path / "Qwen2.5-7B-Instruct") and "base_url" not in runs[0].identity
     connected = VllmServerEngine("http://gpu-box:8000/v1", "qwen", check=False)
     assert connected.identity["base_url"] == "http://gpu-box:8000/v1"
+
+
+class CountingEmbeddings:
+    """A named embedder (it has an identity, so its vectors are cached) that records what it embeds."""
+
+    def __init__(self, name: str = "table"):
+        self.identity = {"embeddings": name}
+        self.texts: list[str] = []
+
+    def embed(self, texts):
+        import numpy as np
+
+        self.texts += texts
+        return np.stack([[1.0, len(t) / 10, 0.5] for t in texts]).astype(np.float32)
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_embeddings_are_cached_per_model_and_text(tmp_path, pipelined):
+    from offline_eval.metrics.collections import AnswerRelevancy
+    from scripted import Pipelined
+
+    def questions(request):
+        return {"questions": [{"question": f"{user_text(request)}?", "noncommittal": 0}] * 3}
+
+    def make_judge():
+        judge = ScriptedJudge(questions)
+        return Pipelined(judge) if pipelined else judge
+
+    rows = [{"user_input": "Where is Paris?", "response": "In France."},
+            {"user_input": "Who wrote Hamlet?", "response": "Shakespeare."}]
+    path = tmp_path / "cache.sqlite"
+    first_embedder = CountingEmbeddings()
+    first = evaluate(rows, metrics=[AnswerRelevancy()], llm=make_judge(), embeddings=first_embedder,
+                     show_progress=False, cache=path)
+    assert len(first_embedder.texts) == 4  # two inputs and two distinct generated questions
+    again_embedder = CountingEmbeddings()
+    again = evaluate(rows, metrics=[AnswerRelevancy()], llm=make_judge(), embeddings=again_embedder,
+                     show_progress=False, cache=path)
+    assert again_embedder.texts == [] and again.scores == first.scores
+    assert first.stats.embedded_texts == 4 and again.stats.embedded_texts == 0
+    other_model = CountingEmbeddings("another model")
+    evaluate(rows, metrics=[AnswerRelevancy()], llm=make_judge(), embeddings=other_model, show_progress=False,
+             cache=path)
+    assert len(other_model.texts) == 4  # vectors are never shared between embedding models

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 from ..constraints import Constraint
@@ -77,7 +78,7 @@ class JudgeRequest:
             del messages[0]
         return messages
 
-    @property
+    @cached_property  # a hash of the whole prompt, asked for several times per request
     def key(self) -> str:
         """A stable digest of everything that determines the output (the model aside)."""
         payload = json.dumps(

@@ -1,0 +1,153 @@
+"""The pipelined path of the scheduler, for engines with an async `session()` (the vLLM server client).
+
+Every (sample, metric) plan runs as its own asyncio task: it sends a stage, waits for that stage's answers
+only, and sends its next stage at once. A sample's claim verdicts go out while other samples still wait
+for their claims, so the server always has `max_concurrency` requests to batch, instead of draining to zero
+at the end of every wave.
+
+Same contract as the waves in scheduler.py:
+- identical requests are sent once per run: the first asker's future is shared by every later one;
+- the persistent cache answers before the engine, and new outputs are stored every `chunk_size` answers
+  (and whatever has returned when the run stops, even on an error or Ctrl-C);
+- embedding texts asked for within EMBED_WINDOW seconds are embedded in one call, in a worker thread so
+  the judge keeps working meanwhile;
+- results, RunStats and progress callbacks have the same shape.
+
+An engine session is an async context manager yielding `submit(request) -> JudgeOutput`; it bounds the
+requests in flight itself. We hold a gate of the same size on our side, so we know when a request really
+starts and can charge each plan its share of the time (a request holds one of `slots` for `t` seconds:
+t / slots of the wall time, exact while all slots are busy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+import numpy as np
+
+from .engines.aio import run_sync
+from .engines.base import JudgeOutput, JudgeRequest
+from .metrics.base import Embed
+from .scheduler import Progress, RunStats, _deliver, _embed, _Feed, _Task
+
+EMBED_WINDOW = 0.02  # seconds: long enough to batch every plan that reaches its embedding stage together
+DEFAULT_SLOTS = 64  # when an engine does not say how many requests it keeps in flight
+
+
+def run_pipelined(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress: Progress, stats: RunStats) -> None:
+    run_sync(lambda: _pipeline(tasks, feed, embedder, progress, stats))
+
+
+async def _pipeline(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress: Progress,
+                    stats: RunStats) -> None:
+    async with feed.engine.session() as submit:
+        judge = _Judge(submit, getattr(feed.engine, "max_concurrency", DEFAULT_SLOTS), feed, progress, stats)
+        embed = _Embedder(embedder, feed.cache, stats)
+        runs = [asyncio.ensure_future(_drive(t, judge, embed)) for t in tasks]
+        try:
+            await asyncio.gather(*runs)
+        except BaseException:  # an engine error or Ctrl-C: stop every request still out
+            pending = [*runs, *judge.answers.values(), *embed.batches]
+            for r in pending:
+                r.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise
+        finally:
+            judge.flush()
+
+
+async def _drive(task: _Task, judge: "_Judge", embed: "_Embedder") -> None:
+    """Run one plan to its result, one stage at a time."""
+    while task.result is None:
+        answers = await asyncio.gather(*(embed(item.texts) if isinstance(item, Embed) else judge(item)
+                                         for item in task.waiting))
+        _deliver(task, [a for a, _ in answers], [s for _, s in answers])
+
+
+class _Judge:
+    """Answers one request at a time: shared if already asked, else from the cache, else from the engine."""
+
+    def __init__(self, submit: Callable[[JudgeRequest], Awaitable[JudgeOutput]], slots: int, feed: _Feed,
+                 progress: Progress, stats: RunStats):
+        self.submit = submit
+        self.slots = max(int(slots), 1)
+        self.gate = asyncio.Semaphore(self.slots)
+        self.feed = feed
+        self.progress = progress
+        self.stats = stats
+        self.answers: dict[str, asyncio.Future] = {}  # request key -> (output, seconds charged)
+        self.new: list[tuple[JudgeRequest, JudgeOutput]] = []  # engine outputs not yet in the cache
+
+    def __call__(self, request: JudgeRequest) -> asyncio.Future:
+        answer = self.answers.get(request.key)
+        if answer is not None:
+            self.stats.deduplicated += 1
+            return answer
+        found = self.feed.lookup([request], self.stats)
+        if found:  # answered at once: a warm rerun makes no task per request
+            answer = asyncio.get_running_loop().create_future()
+            answer.set_result((found[request.key], 0.0))
+        else:
+            answer = asyncio.ensure_future(self._ask_engine(request))
+        self.answers[request.key] = answer
+        return answer
+
+    async def _ask_engine(self, request: JudgeRequest) -> tuple[JudgeOutput, float]:
+        self.progress.add_total(1)
+        async with self.gate:
+            tic = time.perf_counter()
+            out = await self.submit(request)
+            held = time.perf_counter() - tic
+        self.progress.advance(1)
+        self.new.append((request, out))
+        if len(self.new) >= self.feed.chunk_size:
+            self.flush()
+        return out, held / self.slots
+
+    def flush(self) -> None:
+        """Count the new outputs and store them in the cache."""
+        if self.new:
+            done, self.new = self.new, []
+            self.feed.record([r for r, _ in done], [o for _, o in done], self.stats)
+
+
+class _Embedder:
+    """Embeds texts in batches: each text once per run, texts asked for close together in one call."""
+
+    def __init__(self, embedder: Any, cache: Any, stats: RunStats):
+        self.embedder = embedder
+        self.cache = cache
+        self.stats = stats
+        self.vectors: dict[str, asyncio.Future] = {}  # text -> (vector, seconds charged)
+        self.waiting: list[str] = []  # texts for the next batch
+        self.batches: list[asyncio.Task] = []
+        self.lock = asyncio.Lock()  # one batch at a time in the worker thread
+
+    async def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, float]:
+        loop = asyncio.get_running_loop()
+        new = [t for t in dict.fromkeys(texts) if t not in self.vectors]
+        for text in new:
+            self.vectors[text] = loop.create_future()
+        if new and not self.waiting:  # the first text of a batch schedules it
+            self.batches.append(asyncio.ensure_future(self._batch()))
+        self.waiting += new
+        got = [await self.vectors[t] for t in texts]
+        return np.stack([v for v, _ in got]), sum(s for _, s in got)
+
+    async def _batch(self) -> None:
+        await asyncio.sleep(EMBED_WINDOW)
+        batch, self.waiting = self.waiting, []
+        async with self.lock:
+            tic = time.perf_counter()
+            try:
+                vectors, computed = await asyncio.to_thread(_embed, self.embedder, batch, self.cache)
+            except Exception as exc:  # each waiting plan raises it (e.g. no embeddings configured)
+                for text in batch:
+                    self.vectors[text].set_exception(exc)
+                return
+        each = (time.perf_counter() - tic) / len(batch)
+        self.stats.embedded_texts += computed
+        for text, vector in zip(batch, vectors):
+            self.vectors[text].set_result((vector, each))
