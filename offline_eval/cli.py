@@ -1,11 +1,14 @@
 """The command line: `offline-eval run` and `offline-eval models list`.
 
-Exit codes: 0 success, 2 bad input or usage, 3 engine or model failure.
+Exit codes: 0 success (and the gate passed), 1 the gate failed (`run --fail-under` / `--baseline`; results are
+still written), 2 bad input or usage (including a bad --fail-under or an unreadable baseline), 3 engine or
+model failure.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,7 +21,12 @@ from rich.table import Table
 from .dataset import DataError, ValidationError
 from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
+from .engines.vllm_launch import OFFLINE_ENV
 from .models import ModelError, Registry
+
+# No hub, no telemetry: set before anything imports huggingface_hub, transformers or vLLM.
+for _key, _value in OFFLINE_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate RAG answers with local, constrained judge models.")
@@ -29,6 +37,7 @@ app.add_typer(models_app, name="models")
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
 
+EXIT_GATE = 1
 EXIT_BAD_INPUT = 2
 EXIT_ENGINE = 3
 
@@ -51,6 +60,18 @@ def run(
     cache: Optional[Path] = typer.Option(None, "--cache", help="The judge-call cache (SQLite). Default: $OFFLINE_EVAL_JUDGE_CACHE, else $OFFLINE_EVAL_CACHE_DIR/judge-cache.sqlite."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the judge-call cache."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: reuse its cached judge calls (any rerun with the cache on does); the old output stays until the new one is complete."),
+    long_inputs: str = typer.Option("truncate", "--long-inputs", help="Retrieved contexts too long for the judge's context window: truncate (cut them, longest first, from the end; warn per row) or error (no value for that row and metric)."),
+    fail_under: Optional[str] = typer.Option(None, "--fail-under", help="CI gate: exit 1 if a metric's mean is below its bar, e.g. faithfulness=0.9,answer_relevancy=0.8."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="CI gate: a previous run's --summary-json file or per-sample results; exit 1 if a metric's mean dropped by more than --max-drop."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", help="The largest allowed drop of a mean against --baseline (default 0.02)."),
+    summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the per-metric summary as JSON (a --baseline for later runs)."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="vLLM server models: the server's URL (up to /v1) instead of models.yaml's; several, comma-separated, make a fleet: each request goes to the least busy server, and a failed server's requests go to the others."),
+    ray: bool = typer.Option(False, "--ray", help="Run on Ray Data: judge replicas (vLLM in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster for --ray (implies it): auto, HOST:PORT or ray://HOST:PORT."),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="--ray: judge replicas, one model each."),
+    replica_cpus: float = typer.Option(1.0, "--replica-cpus", min=0.0, help="--ray: CPUs per replica."),
+    replica_gpus: Optional[float] = typer.Option(None, "--replica-gpus", min=0.0, help="--ray: GPUs per replica. Default: the model's tensor_parallel_size on a cluster with GPUs, else 0."),
+    block_rows: int = typer.Option(64, "--block-rows", min=1, help="--ray: rows per block, the unit of work and of resume."),
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
@@ -58,11 +79,18 @@ def run(
     from .evaluation import select_metrics, validate
     from .judges import close_judges, embedding_factory, llm_factory
     from . import evaluate
+    from .gate import DEFAULT_MAX_DROP, GateError, load_baseline, parse_bars
+    from .long_inputs import POLICIES
 
     if server not in SERVER_MODES:
         raise _fail(f"--server must be one of {', '.join(SERVER_MODES)}, not {server!r}", EXIT_BAD_INPUT)
     if engine is not None and engine not in ENGINES:
         raise _fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", EXIT_BAD_INPUT)
+    if long_inputs not in POLICIES:
+        raise _fail(f"--long-inputs must be one of {', '.join(POLICIES)}, not {long_inputs!r}", EXIT_BAD_INPUT)
+    if max_drop is not None and (baseline is None or max_drop < 0):
+        raise _fail("--max-drop needs --baseline" if baseline is None else "--max-drop cannot be negative",
+                    EXIT_BAD_INPUT)
     if no_cache and (resume or cache):
         raise _fail(f"--no-cache contradicts {'--resume' if resume else '--cache'}: resuming reuses the cache",
                     EXIT_BAD_INPUT)
@@ -74,6 +102,11 @@ def run(
         raise _fail(str(exc), EXIT_BAD_INPUT)
     if not rows:
         raise _fail(f"{data} has no rows", EXIT_BAD_INPUT)
+    try:  # checked before the judge loads, so a typo does not cost a run
+        bars = parse_bars(fail_under, [m.name for m in chosen]) if fail_under else {}
+        base = load_baseline(baseline) if baseline else None
+    except GateError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT)
     if errors and not skip_invalid:
         err.print(f"[bold red]error:[/] {len(errors)} invalid field(s) in {data}; nothing was evaluated:",
                   highlight=False)
@@ -90,16 +123,40 @@ def run(
     output = output or Path(f"{data.stem}.results.jsonl")
     started = time.perf_counter()
     store = None
+    ray = ray or ray_address is not None
+    urls = [u.strip() for u in base_url.split(",") if u.strip()] if base_url else []
     try:
+        if ray:  # each replica opens the judge cache of its own node (or `--cache PATH`, a path every node has)
+            from .ray_run import RayRunError, evaluate_on_ray
+
+            err.print(f"running on Ray: {replicas} replica(s) of {model or Registry.load().get(None).name}, "
+                      f"blocks of {block_rows} rows; parts in {output}.parts/", highlight=False)
+            try:
+                result = evaluate_on_ray(
+                    rows, chosen, model, replicas, output=output, num_cpus=replica_cpus, num_gpus=replica_gpus,
+                    embeddings=embeddings, block_rows=block_rows, address=ray_address,
+                    cache=False if no_cache else str(cache) if cache else True, long_inputs=long_inputs,
+                    skip_invalid=skip_invalid, full_results=False, on_block=lambda b: err.print(
+                        f"block of rows {b['rows'][0][0]}-{b['rows'][-1][0]} done on {b['host']} "
+                        f"(node {b['node'][:8]}) in {b['seconds']:.1f} s", highlight=False))
+            except RayRunError as exc:
+                raise EngineError(str(exc)) from None
+            _print_summary(result, time.perf_counter() - started)
+            reused = sum(len(b["rows"]) for b in result.blocks if b.get("reused"))
+            out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache; "
+                      f"{reused} row(s) from earlier blocks", highlight=False)
+            out.print(f"per-sample results: {output}", highlight=False)
+            return _gate(result, data, summary_json, bars, base, DEFAULT_MAX_DROP if max_drop is None else max_drop)
         # Opened before the judge loads, so an unusable cache fails fast.
         store = None if no_cache else JudgeCache(cache or default_path())
         if resume:
             err.print(f"resuming: {store.count()} cached judge calls in {store.path}", highlight=False)
         err.print(f"loading judge {model or Registry.load().get(None).name} ...", highlight=False)
-        judge = llm_factory(model, engine=engine, server=server)
+        fleet = {"base_urls": urls} if len(urls) > 1 else {"base_url": urls[0]} if urls else {}
+        judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
         result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder,
-                          skip_invalid=skip_invalid, show_progress=True, cache=store)
+                          skip_invalid=skip_invalid, show_progress=True, cache=store, long_inputs=long_inputs)
     except CacheError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
     except (ModelError, EngineError) as exc:
@@ -113,6 +170,29 @@ def run(
     out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache "
               f"({store.path if store is not None else 'cache off'})", highlight=False)
     out.print(f"per-sample results: {output}", highlight=False)
+    for warning in result.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    _gate(result, data, summary_json, bars, base, DEFAULT_MAX_DROP if max_drop is None else max_drop)
+
+
+def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: float) -> None:
+    """Write the summary JSON, then check the bars and the baseline; exit 1 if the gate fails."""
+    from .gate import check, summary_document, write_summary
+
+    if summary_json:
+        write_summary(summary_json, summary_document(result, str(data)))
+        out.print(f"summary: {summary_json}", highlight=False)
+    if not bars and base is None:
+        return
+    verdict = check(result.summary(), result.judge, bars, base, max_drop)
+    for warning in verdict.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    title = f"gate (baseline {base.path}, max drop {max_drop:g})" if base else "gate"
+    out.print(f"{title}:\n" + "\n".join(f"  {line}" for line in verdict.lines), highlight=False)
+    if verdict.failed:
+        err.print(f"[bold red]gate failed:[/] {'; '.join(verdict.failures)}", highlight=False)
+        raise typer.Exit(EXIT_GATE)
+    out.print("gate passed", highlight=False)
 
 
 def _print_summary(result, seconds: float) -> None:
@@ -172,6 +252,80 @@ def serve(
         err.print("stopped")
         return
     raise _fail(f"the vLLM server exited with code {code}; its log ends with:\n{server.log_tail()}", EXIT_ENGINE)
+
+
+@app.command()
+def compare(
+    models: str = typer.Option(..., "--models", help="Comma-separated judges (models.yaml names or .gguf paths); each is loaded, run on the labelled rows and closed before the next."),
+    labels: Path = typer.Option(..., "--labels", help="Human labels: a BEGIN TSV, or a .jsonl/.json/.csv/.tsv/.parquet file with the metric inputs and one <metric>_label column per metric (0/1 or graded)."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metrics. Default: every metric the labels cover."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Where compare.json/.md/.html and the per-judge results go. Default: compare-<labels name>."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use N rows picked at random with --seed: a reproducible subset."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the subset, the calibration split and the bootstrap."),
+    margin: float = typer.Option(0.02, "--margin", min=0.0, help="Recommend the smallest judge within this much of the best."),
+    threshold: str = typer.Option("0.5", "--threshold", help="score >= threshold predicts the positive label; 'auto' chooses it on a seeded 50% calibration split and reports on the other half."),
+    reruns: int = typer.Option(0, "--reruns", min=0, help="Run every judge N more times and report the share of identical scores."),
+    resamples: int = typer.Option(1000, "--bootstrap", min=0, help="Bootstrap resamples for the 95% confidence intervals."),
+    rank_by: str = typer.Option("auc", "--rank-by", help="The statistic that ranks judges: auc, balanced_accuracy, kappa, accuracy, spearman or kendall."),
+) -> None:
+    """Compare judges against human labels: agreement with confidence intervals, cost, consistency, and the
+    smallest judge close to the best."""
+    from .compare import RANK_BY, CompareSettings, analyse, run_judges, write_outputs
+    from .compare_tables import all_tables, to_rich
+    from .labels import load_labelled
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if not names or len(set(names)) != len(names):
+        raise _fail(f"--models needs distinct judge names, got {models!r}", EXIT_BAD_INPUT)
+    if rank_by not in RANK_BY:
+        raise _fail(f"--rank-by must be one of {', '.join(RANK_BY)}, not {rank_by!r}", EXIT_BAD_INPUT)
+    try:
+        cut: float | str = "auto" if threshold == "auto" else float(threshold)
+    except ValueError:
+        raise _fail(f"--threshold must be 'auto' or a number, not {threshold!r}", EXIT_BAD_INPUT)
+    settings = CompareSettings(metrics=metrics.split(",") if metrics else None, threshold=cut, seed=seed,
+                               margin=margin, reruns=reruns, resamples=resamples, rank_by=rank_by,
+                               show_progress=True)
+    try:
+        labelled = load_labelled(labels).subset(limit, seed)
+        runs = run_judges(labelled, names, settings,
+                          on_judge=lambda n: err.print(f"judge {names.index(n) + 1}/{len(names)}: loading {n} ...",
+                                                       highlight=False))
+        analysis = analyse(labelled, runs, settings)
+    except (DataError, ValueError) as exc:  # ValidationError is a ValueError: all bad rows are listed
+        raise _fail(str(exc), EXIT_BAD_INPUT)
+    except (ModelError, EngineError) as exc:
+        raise _fail(str(exc), EXIT_ENGINE)
+    paths = write_outputs(analysis, runs, output_dir or Path(f"compare-{labels.stem}"))
+    for table in all_tables(analysis):
+        out.print(to_rich(table))
+    out.print(f"recommended judge: {analysis['overall']['recommended']}", highlight=False)
+    for kind, path in paths.items():
+        out.print(f"{kind}: {path}", highlight=False)
+
+
+@app.command()
+def report(
+    results: Path = typer.Argument(..., help="A results file written by `offline-eval run` (JSONL)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The HTML report. Default: the results file with .html."),
+    worst: int = typer.Option(10, "--worst", min=1, help="How many lowest-scored samples to show per metric."),
+) -> None:
+    """Render an HTML report of a results file: score distributions and the worst samples with their reasons."""
+    import json
+
+    from .report_html import results_report
+
+    try:
+        lines = results.read_text(encoding="utf-8").splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _fail(f"cannot read {results}: {exc}", EXIT_BAD_INPUT)
+    if not records or not all(isinstance(r, dict) and ("metrics" in r or "skipped" in r) for r in records):
+        raise _fail(f"{results} is not an offline-eval results file (one JSON record per row with 'metrics')",
+                    EXIT_BAD_INPUT)
+    output = output or results.with_suffix(".html")
+    output.write_text(results_report(records, str(results), worst), encoding="utf-8")
+    out.print(f"report: {output}", highlight=False)
 
 
 @models_app.command("list")

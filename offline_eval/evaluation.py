@@ -54,6 +54,7 @@ def evaluate(
     show_progress: bool = True,
     progress: Optional[Progress] = None,
     cache: Any = False,
+    long_inputs: str = "truncate",
 ) -> "EvaluationResult":
     """Score `dataset` (a file path, list of dicts, dict of columns, DataFrame or HF Dataset) with
     `metrics` (instances or names; default: all that the data's fields allow).
@@ -62,7 +63,10 @@ def evaluate(
     all, unless `skip_invalid`, which scores the rest and records the skipped rows in the result.
 
     `cache`: True (the default cache file), a path, or a `JudgeCache`: judge calls already in it are not run
-    again, and new ones are stored as they finish, so rerunning an interrupted evaluation resumes it."""
+    again, and new ones are stored as they finish, so rerunning an interrupted evaluation resumes it.
+
+    `long_inputs`: retrieved contexts too long for the judge's context window are cut to fit ("truncate", the
+    default) or leave that sample without a value ("error"); either way `result.warnings` names the row."""
     rows = load_rows(dataset)
     chosen = select_metrics(metrics, rows)
     errors = validate(rows, chosen)
@@ -77,7 +81,7 @@ def evaluate(
     try:
         results = run_metrics([to_sample(r) for r in good], chosen, judge=engine, embeddings=embeddings,
                               progress=progress, stats=stats, show_progress=show_progress and progress is None,
-                              cache=store)
+                              cache=store, long_inputs=long_inputs)
     finally:
         if owned:
             store.close()
@@ -118,6 +122,13 @@ class EvaluationResult:
             valid = [v for v in values if v is not None]
             out[name] = {"mean": self[name], "scored": len(valid), "no_value": len(values) - len(valid)}
         return out
+
+    @property
+    def warnings(self) -> list[str]:
+        """Rows whose contexts were truncated to fit the judge, or not scored because they did not fit."""
+        return [f"{row.where}: {name}: {res.details['long_input']}"
+                for row in self.rows for name, res in self.results.get(row.number, {}).items()
+                if "long_input" in res.details]
 
     def __repr__(self) -> str:
         return repr({n: round(self[n], 4) for n in self.metric_names})

@@ -31,6 +31,7 @@ import numpy as np
 from .cache import JudgeCache
 from .dataset import SingleTurnSample
 from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest
+from .long_inputs import fitted_plan
 from .metrics.base import Embed, Metric, MetricResult, Plan
 
 
@@ -79,11 +80,13 @@ def run_metrics(
     show_progress: bool = False,
     cache: Optional[JudgeCache] = None,
     chunk_size: Optional[int] = None,
+    long_inputs: str = "truncate",
     pipeline: Optional[bool] = None,
 ) -> list[dict[str, MetricResult]]:
     """Score every sample with every metric; returns, per sample, {metric name: result}. With `cache`,
     requests it holds are not sent to the engine, and new outputs are stored every `chunk_size` requests
-    (default: $OFFLINE_EVAL_CHUNK, else 64). `pipeline`: run the plans pipelined (needs an engine with
+    (default: $OFFLINE_EVAL_CHUNK, else 64). Contexts too long for the judge follow `long_inputs`
+    ("truncate" or "error", see long_inputs.py). `pipeline`: run the plans pipelined (needs an engine with
     `session()`) or in waves; default: pipelined whenever the engine can."""
     from .judges import resolve_embeddings, resolve_judge
 
@@ -100,17 +103,18 @@ def run_metrics(
         from .progress import RichProgress
 
         with RichProgress() as bar:
-            return _run(samples, metrics, feed, embedder, bar, stats, pipelined)
-    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, pipelined)
+            return _run(samples, metrics, feed, embedder, bar, stats, long_inputs, pipelined)
+    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, long_inputs, pipelined)
 
 
 def _first(metrics: Sequence[Metric], attr: str) -> Any:
     return next((getattr(m, attr) for m in metrics if getattr(m, attr) is not None), None)
 
 
-def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats, pipelined: bool):
+def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats, long_inputs: str,
+         pipelined: bool):
     started = time.perf_counter()
-    tasks = [[_start(metric, sample) for metric in metrics] for sample in samples]
+    tasks = [[_start(metric, sample, feed.engine, long_inputs) for metric in metrics] for sample in samples]
     live = [t for row in tasks for t in row if t.result is None]
     if pipelined:
         from .pipeline import run_pipelined
@@ -125,9 +129,9 @@ def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: R
     return [{t.metric.name: t.result for t in row} for row in tasks]
 
 
-def _start(metric: Metric, sample: SingleTurnSample) -> _Task:
+def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str) -> _Task:
     """A plan for (sample, metric), run up to its first stage."""
-    task = _Task(metric, metric.plan(sample, metric.language_of(sample)))
+    task = _Task(metric, fitted_plan(metric, sample, metric.language_of(sample), engine, long_inputs))
     _advance(task, None)
     return task
 

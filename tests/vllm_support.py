@@ -36,7 +36,7 @@ SAMPLES = [
 
 def need(module: str):
     """Import `module`, or skip the test; CI sets OFFLINE_EVAL_REQUIRE_VLLM=1 so a broken vLLM install fails
-    loudly instead of skipping the vLLM tests."""
+    loudly instead of skipping the vLLM tests (and the Ray tests: install_vllm_cpu.sh installs Ray too)."""
     if os.environ.get("OFFLINE_EVAL_REQUIRE_VLLM") == "1":
         return __import__(module)
     return pytest.importorskip(module)

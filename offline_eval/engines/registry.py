@@ -21,7 +21,8 @@ SERVER_MODES = ("auto", "connect", "start")
 
 def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
     """A vLLM server: `base_url`, `served_model` (default: the entry's name), `max_concurrency`, `timeout`,
-    `max_retries`, `json_mode`, `api_key_env`, plus the `vllm:` block's chat_template_kwargs.
+    `max_retries`, `json_mode`, `api_key_env`, plus the `vllm:` block's chat_template_kwargs; or a fleet of
+    servers: `base_urls` (a list; an explicit `base_url` option overrides it).
     server="connect" uses the running server at base_url; "start" starts one for this engine on a free
     loopback port; "auto" connects if base_url answers, else starts one. A started server stops on close()."""
     from .vllm_launch import ManagedServer, is_up, served_name, vllm_settings
@@ -34,6 +35,14 @@ def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
     settings["chat_template_kwargs"] = vllm_settings(spec).get("chat_template_kwargs")
     settings["merge_system"] = spec.settings.get("system_role") == "merge"
     settings.update(options)
+    fleet = settings.pop("base_urls", None) or spec.settings.get("base_urls")
+    if fleet and "base_url" not in options:  # several servers: engines/vllm_fleet.py (connects only)
+        if server == "start":
+            raise EngineError(f"model {spec.name!r} names a fleet of servers (base_urls); it cannot start one")
+        from .vllm_fleet import VllmFleetEngine
+
+        settings.setdefault("api_key", api_key_from(spec.settings))
+        return VllmFleetEngine(fleet, served_name(spec), name=spec.name, **settings)
     base_url = settings.pop("base_url", spec.settings.get("base_url"))
     managed = None
     if server == "start" or (server == "auto" and not (base_url and is_up(base_url))):
@@ -91,4 +100,6 @@ def load_engine(spec: ModelSpec, engine: Optional[str] = None, **options: Any) -
                           f"(llama.cpp takes GGUF files, vLLM Hugging Face folders)")
     if name != "vllm":
         options.pop("server", None)
+        if {"base_url", "base_urls"} & set(options):
+            raise EngineError(f"model {spec.name!r} runs on {name}; a base URL is for vLLM servers (engine vllm)")
     return factory(spec, **options)

