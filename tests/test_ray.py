@@ -60,19 +60,26 @@ scripted_judge.identity = {"engine": "scripted", "model": "test_ray.scripted_ans
 @pytest.fixture(scope="module")
 def cluster():
     need("ray")
-    # the replicas import this module's scripted judge; set before the nodes start, so their workers inherit it
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     import ray
     from ray.cluster_utils import Cluster
 
+    # the replicas import this module's scripted judge: the nodes' workers inherit PYTHONPATH when they start
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved]))
     local = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "object_store_memory": 256 * 2**20}
     c = Cluster(initialize_head=True, head_node_args={**local, "include_dashboard": False})
-    c.add_node(**local)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    try:
+        c.add_node(**local)
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def read_jsonl(path: Path) -> list[dict]:
