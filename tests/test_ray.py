@@ -212,8 +212,11 @@ def test_cli_run_on_ray_writes_parquet_and_a_rerun_resumes_every_block(tmp_path)
 
 # ---- the real thing: SmolLM2 in vLLM on two replicas ---------------------------------------------------------
 
-def test_vllm_replicas_on_two_nodes_match_the_local_run(cluster, tmp_path):
+def test_vllm_replicas_on_two_nodes_match_the_local_run(cluster, tmp_path, monkeypatch):
     need("vllm")
+    # the local engine's threads as a replica's: unbound (ray_run.py), one OpenMP thread (Ray, for 1 CPU)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from offline_eval.engines.registry import load_engine
     from offline_eval.models import Registry
     from offline_eval.ray_run import evaluate_on_ray
