@@ -123,6 +123,7 @@ def run(
     output = output or Path(f"{data.stem}.results.jsonl")
     started = time.perf_counter()
     store = None
+    judging = False
     ray = ray or ray_address is not None
     urls = [u.strip() for u in base_url.split(",") if u.strip()] if base_url else []
     try:
@@ -155,11 +156,15 @@ def run(
         fleet = {"base_urls": urls} if len(urls) > 1 else {"base_url": urls[0]} if urls else {}
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
+        judging = True
         result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder,
                           skip_invalid=skip_invalid, show_progress=True, cache=store, long_inputs=long_inputs)
     except CacheError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
     except (ModelError, EngineError) as exc:
+        if judging and store is not None:  # the run stopped part-way: say how to go on without paying twice
+            exc = f"{exc}\nThe judge calls that finished are kept in the cache {store.path} (it holds " \
+                  f"{store.count()}); once the judge is back, run the same command with --resume to finish."
         raise _fail(str(exc), EXIT_ENGINE)
     finally:
         close_judges()  # stops a vLLM server started for this run

@@ -21,7 +21,7 @@ SERVER_MODES = ("auto", "connect", "start")
 
 def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
     """A vLLM server: `base_url`, `served_model` (default: the entry's name), `max_concurrency`, `timeout`,
-    `max_retries`, `json_mode`, `api_key_env`, plus the `vllm:` block's chat_template_kwargs; or a fleet of
+    `max_retries`, `backoff`, `json_mode`, `api_key_env`, plus the `vllm:` block's chat_template_kwargs; or a fleet of
     servers: `base_urls` (a list; an explicit `base_url` option overrides it).
     server="connect" uses the running server at base_url; "start" starts one for this engine on a free
     loopback port; "auto" connects if base_url answers, else starts one. A started server stops on close()."""
@@ -30,7 +30,7 @@ def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
 
     if server not in SERVER_MODES:
         raise EngineError(f"server must be one of {', '.join(SERVER_MODES)}, not {server!r}")
-    settings = {k: spec.settings[k] for k in ("max_concurrency", "timeout", "max_retries", "json_mode")
+    settings = {k: spec.settings[k] for k in ("max_concurrency", "timeout", "max_retries", "backoff", "json_mode")
                 if k in spec.settings}
     settings["chat_template_kwargs"] = vllm_settings(spec).get("chat_template_kwargs")
     settings["merge_system"] = spec.settings.get("system_role") == "merge"
