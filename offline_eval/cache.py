@@ -88,8 +88,11 @@ class JudgeCache:
                 raise
 
     def _open(self) -> None:
-        # WAL: readers never block the writer or each other, and a commit is durable once it returns.
+        # WAL: readers never block the writer or each other. synchronous=NORMAL: a commit survives the
+        # process being killed (only an OS crash or power loss can take the last ones), and costs ~40 us
+        # instead of ~400 us with an fsync each (measured here), so every judge call can be its own commit.
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
             raise CacheError(f"the judge cache {self.path} has schema version {version}, this offline-eval "

@@ -7,8 +7,8 @@ at the end of every wave.
 
 Same contract as the waves in scheduler.py:
 - identical requests are sent once per run: the first asker's future is shared by every later one;
-- the persistent cache answers before the engine, and new outputs are stored every `chunk_size` answers
-  (and whatever has returned when the run stops, even on an error or Ctrl-C);
+- the persistent cache answers before the engine, and each new output is stored (committed) as soon as it
+  returns, so a killed run loses only the requests in flight;
 - embedding texts asked for within EMBED_WINDOW seconds are embedded in one call, in a worker thread so
   the judge keeps working meanwhile;
 - results, RunStats and progress callbacks have the same shape.
@@ -102,8 +102,7 @@ class _Judge:
             held = time.perf_counter() - tic
         self.progress.advance(1)
         self.new.append((request, out))
-        if len(self.new) >= self.feed.chunk_size:
-            self.flush()
+        self.flush()
         return out, held / self.slots
 
     def flush(self) -> None:

@@ -15,8 +15,9 @@ RunStats, results and progress.
 
 With a persistent cache (cache.py), a wave first takes what the cache has, then sends the rest to the engine
 in chunks, sorted by messages so shared prefixes stay together, and stores each chunk as soon as it returns:
-a killed run loses at most one chunk. The pipelined path asks the cache per request and stores new outputs
-every chunk_size answers, and what has returned when the run stops.
+a killed run loses at most one chunk, i.e. the calls in flight (a chunk is one batch of the engine: at most
+chunk_size requests, and one for an engine that runs them one at a time, like llama.cpp). The pipelined path
+asks the cache per request and stores each new output as soon as it returns.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ class _Feed:
         progress.add_total(len(todo))  # the bar counts engine calls only, so its rate and ETA are real
         # Without a cache one batch per wave lets the engine batch freely; with one, chunks bound the loss
         # of a kill. Sorting keeps requests that share a prompt prefix in the same chunk, back to back.
-        size = self.chunk_size if self.cache is not None else max(len(todo), 1)
+        size = min(self.chunk_size, getattr(self.engine, "batch_size", None) or self.chunk_size) \
+            if self.cache is not None else max(len(todo), 1)
         if len(todo) > size:
             todo.sort(key=lambda r: r.messages)
         cost: dict[str, float] = {}

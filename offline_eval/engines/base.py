@@ -131,6 +131,8 @@ class Engine(Protocol):
         ...
 
 
+# Optional: batch_size: int  how many requests the engine runs together at most (llama.cpp: 1, one after
+# another). With a cache, the scheduler hands it no more at a time, so each finished call is stored at once.
 # Optional capability, used to fit long inputs (long_inputs.py); engines without it are never measured:
 #   context_size: int | None                      the judge's context window (n_ctx, max_model_len)
 #   count_tokens(texts) -> list[int]              plain text, as the judge's tokenizer splits it

@@ -17,6 +17,8 @@ from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_patt
 
 
 class LlamaCppEngine:
+    batch_size = 1  # requests run one after another: with a cache, each is stored as soon as it finishes
+
     def __init__(
         self,
         model_path: str | Path,
