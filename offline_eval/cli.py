@@ -47,6 +47,14 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+# Ray placement options, shared by `run --ray` and `compare --ray`.
+RAY_ADDRESS = typer.Option(None, "--ray-address", help="The Ray cluster for --ray (implies it): auto, HOST:PORT or ray://HOST:PORT.")
+REPLICAS = typer.Option(1, "--replicas", min=1, help="--ray: judge replicas, one model each.")
+REPLICA_CPUS = typer.Option(1.0, "--replica-cpus", min=0.0, help="--ray: CPUs per replica.")
+REPLICA_GPUS = typer.Option(None, "--replica-gpus", min=0.0, help="--ray: GPUs per replica. Default: the model's tensor_parallel_size on a cluster with GPUs, else 0.")
+BLOCK_ROWS = typer.Option(64, "--block-rows", min=1, help="--ray: rows per block, the unit of work and of resume.")
+
+
 @app.command()
 def run(
     data: Path = typer.Argument(..., help="Dataset: .jsonl, .json, .csv, .tsv or .parquet"),
@@ -67,11 +75,11 @@ def run(
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the per-metric summary as JSON (a --baseline for later runs)."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="vLLM server models: the server's URL (up to /v1) instead of models.yaml's; several, comma-separated, make a fleet: each request goes to the least busy server, and a failed server's requests go to the others."),
     ray: bool = typer.Option(False, "--ray", help="Run on Ray Data: judge replicas (vLLM in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster for --ray (implies it): auto, HOST:PORT or ray://HOST:PORT."),
-    replicas: int = typer.Option(1, "--replicas", min=1, help="--ray: judge replicas, one model each."),
-    replica_cpus: float = typer.Option(1.0, "--replica-cpus", min=0.0, help="--ray: CPUs per replica."),
-    replica_gpus: Optional[float] = typer.Option(None, "--replica-gpus", min=0.0, help="--ray: GPUs per replica. Default: the model's tensor_parallel_size on a cluster with GPUs, else 0."),
-    block_rows: int = typer.Option(64, "--block-rows", min=1, help="--ray: rows per block, the unit of work and of resume."),
+    ray_address: Optional[str] = RAY_ADDRESS,
+    replicas: int = REPLICAS,
+    replica_cpus: float = REPLICA_CPUS,
+    replica_gpus: Optional[float] = REPLICA_GPUS,
+    block_rows: int = BLOCK_ROWS,
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
@@ -272,6 +280,12 @@ def compare(
     reruns: int = typer.Option(0, "--reruns", min=0, help="Run every judge N more times and report the share of identical scores."),
     resamples: int = typer.Option(1000, "--bootstrap", min=0, help="Bootstrap resamples for the 95% confidence intervals."),
     rank_by: str = typer.Option("auc", "--rank-by", help="The statistic that ranks judges: auc, balanced_accuracy, kappa, accuracy, spearman or kendall."),
+    ray: bool = typer.Option(False, "--ray", help="Score each judge on Ray: its own --replicas (vLLM in process) take the whole cluster, then are released before the next judge's load. A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
+    ray_address: Optional[str] = RAY_ADDRESS,
+    replicas: int = REPLICAS,
+    replica_cpus: float = REPLICA_CPUS,
+    replica_gpus: Optional[float] = REPLICA_GPUS,
+    block_rows: int = BLOCK_ROWS,
 ) -> None:
     """Compare judges against human labels: agreement with confidence intervals, cost, consistency, and the
     smallest judge close to the best."""
@@ -291,17 +305,27 @@ def compare(
     settings = CompareSettings(metrics=metrics.split(",") if metrics else None, threshold=cut, seed=seed,
                                margin=margin, reruns=reruns, resamples=resamples, rank_by=rank_by,
                                show_progress=True)
+    out_dir = output_dir or Path(f"compare-{labels.stem}")
+    announce = lambda n: err.print(f"judge {names.index(n) + 1}/{len(names)}: loading {n} ...", highlight=False)  # noqa: E731
     try:
         labelled = load_labelled(labels).subset(limit, seed)
-        runs = run_judges(labelled, names, settings,
-                          on_judge=lambda n: err.print(f"judge {names.index(n) + 1}/{len(names)}: loading {n} ...",
-                                                       highlight=False))
+        if ray or ray_address is not None:
+            from .compare_ray import RayPlacement, run_judges_on_ray
+            from .ray_run import RayRunError
+
+            placement = RayPlacement(ray_address, replicas, replica_cpus, replica_gpus, block_rows)
+            try:
+                runs = run_judges_on_ray(labelled, names, settings, placement, out_dir, on_judge=announce)
+            except RayRunError as exc:
+                raise EngineError(str(exc)) from None
+        else:
+            runs = run_judges(labelled, names, settings, on_judge=announce)
         analysis = analyse(labelled, runs, settings)
     except (DataError, ValueError) as exc:  # ValidationError is a ValueError: all bad rows are listed
         raise _fail(str(exc), EXIT_BAD_INPUT)
     except (ModelError, EngineError) as exc:
         raise _fail(str(exc), EXIT_ENGINE)
-    paths = write_outputs(analysis, runs, output_dir or Path(f"compare-{labels.stem}"))
+    paths = write_outputs(analysis, runs, out_dir)
     for table in all_tables(analysis):
         out.print(to_rich(table))
     out.print(f"recommended judge: {analysis['overall']['recommended']}", highlight=False)

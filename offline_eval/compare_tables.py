@@ -81,14 +81,16 @@ def cost_table(analysis: dict[str, Any]) -> Table:
     rows = []
     for j in analysis["judges"]:
         mem = j["memory"]
-        peak = size(mem.get("peak_rss")) + (" (lifetime)" if mem.get("scope") != "judge" else "")
-        peak += " (client only)" if mem.get("note") else ""
+        scope = mem.get("scope")
+        peak = size(mem.get("peak_rss")) + {"process lifetime": " (lifetime)", "replica": " (per replica)"}.get(scope, "")
+        peak += " (client only)" if mem.get("note") and scope != "replica" else ""
         rows.append([j["name"], str(j["engine"]), size(j["size_bytes"]), num(j["load_seconds"], 1),
                      num(j["seconds_per_sample"], 2), num(j["tokens_per_sample"], 0), peak,
                      size(mem.get("baseline_rss"))])
     note = ("s / sample and tokens / sample (prompt + completion) over all compared metrics; peak RSS: the "
             "process's highest resident memory while that judge loaded and ran (it includes the RSS before "
-            "load); a vLLM server's own memory is not included")
+            "load); a vLLM server's own memory is not included; with --ray, per replica: the largest resident "
+            "memory of one replica and its child processes after a block, and load s is the time outside scoring")
     return Table("cost per judge", columns, rows, note)
 
 

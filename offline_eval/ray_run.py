@@ -156,10 +156,28 @@ class JudgeReplica:
         scored = EvaluationResult(rows, {r.number: res for r, res in zip(rows, results)},
                                   [m.name for m in self.metrics], [], stats, self.engine.identity)
         header = {"offline_eval_part": PART_FORMAT, "run": self.run, "rows": [[n, d] for n, d in zip(numbers, digests)],
-                  **self.where, "seconds": time.perf_counter() - tic, "stats": stats.to_dict(),
-                  "judge": self.engine.identity}
+                  **self.where, "seconds": time.perf_counter() - tic, "finished": time.time(),
+                  "rss": tree_rss(os.getpid()), "stats": stats.to_dict(), "judge": self.engine.identity}
         return {"part": [part_name(self.run, numbers, digests)], "header": [_dumps(header)],
                 "records": ["".join(_dumps(rec) + "\n" for rec in scored.records())]}
+
+
+def tree_rss(pid: int) -> Optional[int]:
+    """Resident bytes of a process and all its descendants (vLLM in process runs its engine core as a child),
+    from /proc (Linux); None elsewhere."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/status", encoding="ascii") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except OSError:  # gone meanwhile, or no /proc
+            if current == pid:
+                return None
+    return total
 
 
 def _build_judge(model: Any, options: dict[str, Any]) -> Any:
@@ -327,7 +345,7 @@ class RayEvaluation(EvaluationResult):
 
     output: Path
     parts: Path
-    blocks: list[dict[str, Any]]  # part headers: rows, node, host, pid, seconds, stats; "reused" if from before
+    blocks: list[dict[str, Any]]  # part headers: rows, node, host, pid, seconds, finished (epoch), rss (replica + children), stats; "reused" if from before
 
 
 def evaluate_on_ray(

@@ -263,3 +263,39 @@ def test_vllm_replicas_on_two_nodes_match_the_local_run(cluster, tmp_path, monke
     print(f"\nblocks: {[(b['rows'][0][0], b['node'][:8], round(b['seconds'], 1)) for b in result.blocks]}",
           file=sys.stderr)
 
+
+
+def test_cli_compare_on_ray_gives_each_judge_its_replicas_and_the_local_scores(tmp_path):
+    need("ray")
+    need("llama_cpp")
+    from offline_eval.compare import CompareSettings, run_judges
+    from offline_eval.labels import load_labelled
+    from offline_eval.models import Registry
+
+    begin = TESTS.parent.parent / "shared" / "benchmarks" / "begin" / "begin_dev_wow.tsv"
+    if not begin.exists():
+        begin = Path("/work/shared/benchmarks/begin/begin_dev_wow.tsv")
+    gguf = Registry.load().get("smollm2-135m-instruct").weights_path()
+    names = ["smollm2-135m-instruct", str(gguf)]  # the same weights twice: two judges, one after another
+    env = {**os.environ, "OFFLINE_EVAL_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "offline_eval.cli", "compare", "--ray", "--replicas", "1", "--block-rows", "2",
+           "--models", ",".join(names), "--labels", str(begin), "--limit", "3",
+           "--metrics", "faithfulness,response_groundedness", "--bootstrap", "50", "-o", "out"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert "recommended judge:" in proc.stdout and "(per replica)" in proc.stdout
+    data = json.loads((tmp_path / "out" / "compare.json").read_text())
+    for j in data["judges"]:
+        assert j["engine"] == "llamacpp" and j["memory"]["scope"] == "replica" and j["memory"]["peak_rss"] > 0
+    # one Ray run per judge for both metrics (they are labelled on the same rows): 2 blocks of rows each
+    for name in names:
+        parts = list((tmp_path / "out").glob(f"{name.replace('/', '_')}.ray/*.parts/*/part-*.jsonl"))
+        assert len(parts) == 2, parts
+
+    labelled = load_labelled(begin).subset(3, 0)
+    local = run_judges(labelled, names[:1], CompareSettings(metrics=["faithfulness", "response_groundedness"]))
+    for metric in ("faithfulness", "response_groundedness"):
+        judges = data["metrics"][metric]["judges"]
+        assert judges[names[0]]["scores"] == judges[names[1]]["scores"]
+        assert judges[names[0]]["scores"] == [r.value for r in local[0].metrics[metric].results]
