@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -28,16 +26,12 @@ import pytest
 import yaml
 
 from fault_proxy import FaultProxy
-from vllm_support import HF_ENTRY, need, smollm_hf_dir, start_server
+from run_support import stored_calls, summary_calls
+from vllm_support import HF_ENTRY, SAMPLES, need, smollm_hf_dir, start_server
 
 REPO = Path(__file__).resolve().parent.parent
 METRICS = "faithfulness,response_groundedness"
-ROWS = [
-    dict(user_input="Where is the Eiffel Tower?",
-         response="The Eiffel Tower is in Paris. It was completed in 1889.",
-         retrieved_contexts=["The Eiffel Tower is a wrought-iron tower in Paris, completed in 1889."]),
-    dict(user_input="Who wrote Hamlet?", response="Hamlet was written by Charles Dickens.",
-         retrieved_contexts=["Hamlet is a tragedy written by William Shakespeare around 1600."]),
+ROWS = SAMPLES + [
     dict(user_input="When did Apollo 11 land?", response="Apollo 11 landed on the Moon in July 1969.",
          retrieved_contexts=["Apollo 11 landed on the Moon on 20 July 1969."]),
     dict(user_input="What is the boiling point of water?", response="Water boils at 50 degrees Celsius.",
@@ -83,20 +77,6 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
     return proc.returncode, stdout, stderr
 
 
-def calls(stdout: str) -> tuple[int, int]:
-    """(new, cached) judge calls from a finished run's summary."""
-    new, cached = re.search(r"judge calls: (\d+) new, (\d+) from the cache", stdout).groups()
-    return int(new), int(cached)
-
-
-def stored(cache: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=1) as db:
-            return db.execute("SELECT COUNT(*) FROM judge_calls").fetchone()[0]
-    except sqlite3.Error:  # not created yet
-        return 0
-
-
 def results(path: Path) -> list[dict]:
     """Per row and metric: the value, the details and every raw judge output."""
     return [{m: (r["value"], r["details"], [c["text"] for c in r["judge_calls"]]) for m, r in rec["metrics"].items()}
@@ -109,7 +89,7 @@ def reference(server, workdir):
     code, out, err = finish(start_run(workdir, server.url, "reference.sqlite", "reference.jsonl",
                                       models_file(workdir / "plain.yaml")))
     assert code == 0, err
-    new, cached = calls(out)
+    new, cached = summary_calls(out)
     assert cached == 0 and new >= 4 * 3  # per row: claims, >= 1 verdict, 2 groundedness ratings
     return results(workdir / "reference.jsonl"), new
 
@@ -137,7 +117,7 @@ def test_transient_faults_are_retried_and_change_nothing(server, workdir, refere
     kinds = [a[0] for _, a in proxy.faults()]
     assert {"status", "drop", "hang"} <= set(kinds) and len(kinds) >= total // 2
     assert any(a == ("delay", 0.5) for _, a in proxy.log)
-    assert calls(out) == (total, 0)
+    assert summary_calls(out) == (total, 0)
     assert results(workdir / "transient.jsonl") == expected
 
 
@@ -151,13 +131,13 @@ def test_a_server_that_keeps_failing_stops_the_run_clearly_and_resume_finishes_i
         assert f"the vLLM server at {proxy.url} failed 3 times: HTTP 500" in err and "--resume" in err
         assert "Traceback" not in err
         assert (workdir / "failing.jsonl").read_text() == "earlier results\n"  # never a partial results file
-        assert stored(workdir / "failing.sqlite") == 5  # every call that finished, none that did not
+        assert stored_calls(workdir / "failing.sqlite") == 5  # every call that finished, none that did not
 
         proxy.fault = lambda n: None  # the server is healthy again (same URL: the cache keys name it)
         code, out, err = finish(start_run(workdir, proxy.url, "failing.sqlite", "failing.jsonl", models,
                                           "--resume"))
     assert code == 0, err
-    assert calls(out) == (total - 5, 5)
+    assert summary_calls(out) == (total - 5, 5)
     assert results(workdir / "failing.jsonl") == expected
 
 
@@ -179,13 +159,13 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_is_waited_for(workdir
         # 1. killed mid-run, with a retry budget of ~1 s: the run stops, exit 3, saying how to go on
         run = start_run(workdir, own.url, str(cache), "killed.jsonl", models_file(tmp_path / "short.yaml",
                                                                                    max_retries=2, backoff=0.2))
-        wait_until(lambda: stored(cache) >= 3, run)
+        wait_until(lambda: stored_calls(cache) >= 3, run)
         kill()
         code, out, err = finish(run)
         assert code == 3, err
         assert f"the vLLM server at {own.url} failed 3 times" in err and "--resume" in err
         assert "Traceback" not in err
-        first = stored(cache)
+        first = stored_calls(cache)
         assert 3 <= first < total
 
         # 2. a new server on the same port; --resume with a budget of minutes, and the server killed again
@@ -193,12 +173,12 @@ def test_a_killed_server_stops_the_run_and_a_restarted_one_is_waited_for(workdir
         own = ManagedServer(spec, port=port).start()
         run = start_run(workdir, own.url, str(cache), "killed.jsonl",
                         models_file(tmp_path / "patient.yaml", max_retries=8, backoff=1.0), "--resume")
-        wait_until(lambda: stored(cache) >= first + 2, run)
+        wait_until(lambda: stored_calls(cache) >= first + 2, run)
         kill()
         own = ManagedServer(spec, port=port).start()
         code, out, err = finish(run)
         assert code == 0, err
-        new, cached = calls(out)
+        new, cached = summary_calls(out)
         assert cached == first and new == total - first
         assert results(workdir / "killed.jsonl") == expected
     finally:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from offline_eval import evaluate
+from run_support import stored_calls, summary_calls
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -56,16 +55,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, int]:
     """Wait for a CLI run; its (new, cached) judge calls from the summary."""
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
-    new, cached = re.search(r"judge calls: (\d+) new, (\d+) from the cache", stdout).groups()
-    return int(new), int(cached)
-
-
-def cached_calls(path: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as db:
-            return db.execute("SELECT COUNT(*) FROM judge_calls").fetchone()[0]
-    except sqlite3.Error:  # not created yet
-        return 0
+    return summary_calls(stdout)
 
 
 def scores(path: Path) -> list[dict]:
@@ -84,14 +74,14 @@ def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
     deadline, seen = time.monotonic() + 120, set()
     while max(seen, default=0) < 4:
         assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()[1]
-        seen.add(cached_calls(tmp_path / "resume.sqlite"))
+        seen.add(stored_calls(tmp_path / "resume.sqlite"))
         time.sleep(0.05)
     # each call was committed as it finished (llama.cpp runs one at a time), not in chunks: the counts went up
     # one by one (a poll may miss one when two calls finish within 50 ms)
     assert len(seen & {1, 2, 3}) >= 2, sorted(seen)
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate()
-    stored = cached_calls(tmp_path / "resume.sqlite")
+    stored = stored_calls(tmp_path / "resume.sqlite")
     assert 4 <= stored < full_new
     assert output.read_text() == "previous results\n"  # kept: the killed run never wrote a partial file
 
