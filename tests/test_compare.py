@@ -14,8 +14,8 @@ from offline_eval import evaluate
 from offline_eval.compare import CompareSettings, analyse, run_judges, write_outputs
 from offline_eval.labels import load_labelled
 from scripted import ScriptedJudge, user_text
+from shared_data import BEGIN
 
-BEGIN = Path("/work/shared/benchmarks/begin/begin_dev_wow.tsv")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
 

@@ -8,8 +8,8 @@ import pytest
 
 from offline_eval.dataset import DataError
 from offline_eval.labels import is_begin, load_labelled, positive
+from shared_data import BEGIN
 
-BEGIN = Path("/work/shared/benchmarks/begin/begin_dev_wow.tsv")
 needs_begin = pytest.mark.skipif(not BEGIN.exists(), reason="the BEGIN dev file is not on this machine")
 
 

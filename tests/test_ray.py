@@ -272,9 +272,8 @@ def test_cli_compare_on_ray_gives_each_judge_its_replicas_and_the_local_scores(t
     from offline_eval.labels import load_labelled
     from offline_eval.models import Registry
 
-    begin = TESTS.parent.parent / "shared" / "benchmarks" / "begin" / "begin_dev_wow.tsv"
-    if not begin.exists():
-        begin = Path("/work/shared/benchmarks/begin/begin_dev_wow.tsv")
+    from shared_data import BEGIN as begin
+
     gguf = Registry.load().get("smollm2-135m-instruct").weights_path()
     names = ["smollm2-135m-instruct", str(gguf)]  # the same weights twice: two judges, one after another
     env = {**os.environ, "OFFLINE_EVAL_THREADS": "1"}
