@@ -85,6 +85,11 @@ class Embeddings:
         self.identity = {"embeddings": self.name, "path": str(path)}  # keys its vectors in the judge cache
         self.model = SentenceTransformer(str(path), device=device, local_files_only=True,
                                          trust_remote_code=False)
+        threads = int(os.environ.get("OFFLINE_EVAL_THREADS", 0))
+        if threads and device == "cpu":  # torch, like llama.cpp, takes every core unless told (process-wide)
+            import torch
+
+            torch.set_num_threads(threads)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True,

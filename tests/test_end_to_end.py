@@ -7,6 +7,7 @@ determinism. The Chinese case uses the default judge, Qwen2.5-Coder-1.5B, whose 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -78,3 +79,16 @@ def test_chinese_end_to_end_with_the_default_judge(qwen, minilm):
     questions = relevancy.details["questions"]
     assert len(questions) == 3 and all(CJK.search(q) for q in questions)
     assert 0 < relevancy.value <= 1
+
+
+def test_offline_eval_threads_bounds_the_embeddings_threads_too():
+    import subprocess
+    import sys
+
+    probe = ("import torch; from offline_eval import embedding_factory; "
+             "before = torch.get_num_threads(); embedding_factory('all-minilm-l6-v2'); "
+             "print(before, torch.get_num_threads())")
+    env = {**os.environ, "OFFLINE_EVAL_THREADS": "1", "OMP_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "1"]
