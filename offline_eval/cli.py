@@ -269,7 +269,7 @@ def serve(
 
 @app.command()
 def compare(
-    models: str = typer.Option(..., "--models", help="Comma-separated judges (models.yaml names or .gguf paths); each is loaded, run on the labelled rows and closed before the next."),
+    models: Optional[str] = typer.Option(None, "--models", help="Comma-separated judges (models.yaml names or .gguf paths); each is loaded, run on the labelled rows and closed before the next."),
     labels: Path = typer.Option(..., "--labels", help="Human labels: a BEGIN TSV, or a .jsonl/.json/.csv/.tsv/.parquet file with the metric inputs and one <metric>_label column per metric (0/1 or graded)."),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metrics. Default: every metric the labels cover."),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Where compare.json/.md/.html and the per-judge results go. Default: compare-<labels name>."),
@@ -286,6 +286,7 @@ def compare(
     replica_cpus: float = REPLICA_CPUS,
     replica_gpus: Optional[float] = REPLICA_GPUS,
     block_rows: int = BLOCK_ROWS,
+    reuse: Optional[Path] = typer.Option(None, "--from", help="Analyse the comparison in this output folder again (e.g. with another --threshold, --margin or --rank-by) from its saved results, without running any judge. Needs the same --labels file; --models, --metrics and --reruns do not apply (nor --limit/--seed, except for a comparison made before offline-eval listed its rows)."),
 ) -> None:
     """Compare judges against human labels: agreement with confidence intervals, cost, consistency, and the
     smallest judge close to the best."""
@@ -293,8 +294,11 @@ def compare(
     from .compare_tables import all_tables, to_rich
     from .labels import load_labelled
 
-    names = [m.strip() for m in models.split(",") if m.strip()]
-    if not names or len(set(names)) != len(names):
+    if (models is None) == (reuse is None):
+        raise _fail("give --models (judges to run) or --from (an earlier comparison to analyse again), one of them",
+                    EXIT_BAD_INPUT)
+    names = [m.strip() for m in (models or "").split(",") if m.strip()]
+    if models is not None and (not names or len(set(names)) != len(names)):
         raise _fail(f"--models needs distinct judge names, got {models!r}", EXIT_BAD_INPUT)
     if rank_by not in RANK_BY:
         raise _fail(f"--rank-by must be one of {', '.join(RANK_BY)}, not {rank_by!r}", EXIT_BAD_INPUT)
@@ -305,11 +309,17 @@ def compare(
     settings = CompareSettings(metrics=metrics.split(",") if metrics else None, threshold=cut, seed=seed,
                                margin=margin, reruns=reruns, resamples=resamples, rank_by=rank_by,
                                show_progress=True)
-    out_dir = output_dir or Path(f"compare-{labels.stem}")
+    out_dir = output_dir or reuse or Path(f"compare-{labels.stem}")
     announce = lambda n: err.print(f"judge {names.index(n) + 1}/{len(names)}: loading {n} ...", highlight=False)  # noqa: E731
     try:
-        labelled = load_labelled(labels).subset(limit, seed)
-        if ray or ray_address is not None:
+        every_label = load_labelled(labels)
+        labelled = every_label.subset(limit, seed)
+        if reuse is not None:
+            from .compare_reuse import load_comparison
+
+            labelled, runs, before = load_comparison(reuse, every_label, labelled)
+            settings.reruns = before["reruns"]
+        elif ray or ray_address is not None:
             from .compare_ray import RayPlacement, run_judges_on_ray
             from .ray_run import RayRunError
 

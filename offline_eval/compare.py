@@ -220,7 +220,8 @@ def analyse(labelled: LabelledSet, runs: Sequence[JudgeRun], settings: CompareSe
     metrics = list(runs[0].metrics) if runs else []
     sizes = {run.name: run.size_bytes for run in runs}
     out: dict[str, Any] = {
-        "labels": {"source": labelled.source, "format": labelled.format, "rows": len(labelled)},
+        "labels": {"source": labelled.source, "format": labelled.format, "rows": len(labelled),
+                   "row_numbers": [r.number for r in labelled.rows]},
         "settings": {"threshold": settings.threshold, "seed": settings.seed, "margin": settings.margin,
                      "reruns": settings.reruns, "resamples": settings.resamples, "rank_by": settings.rank_by},
         "judges": [_judge_summary(run, labelled, metrics) for run in runs],
@@ -269,6 +270,8 @@ def _judge_metric(run: MetricRun, metric: str, labels: np.ndarray, pos: np.ndarr
         consistency=consistency(metric, run, settings),
         scores=scores,
     )
+    if run.reruns:
+        out["rerun_scores"] = run.reruns  # so `compare --from` can re-analyse without rerunning the judge
     return out
 
 
@@ -344,6 +347,10 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def results_file_name(judge: str) -> str:
+    return f"results-{re.sub(r'[^A-Za-z0-9._-]+', '_', Path(judge).name)}.jsonl"
+
+
 def write_outputs(analysis: dict[str, Any], runs: Sequence[JudgeRun], out_dir: Path) -> dict[str, Path]:
     """compare.json (everything, re-renderable), compare.md, compare.html, and per judge its results file
     (the `offline-eval run` format, so `offline-eval report` renders it)."""
@@ -357,7 +364,7 @@ def write_outputs(analysis: dict[str, Any], runs: Sequence[JudgeRun], out_dir: P
     paths["markdown"].write_text(markdown_report(ready), encoding="utf-8")
     paths["html"].write_text(compare_report(ready), encoding="utf-8")
     for run in runs:
-        path = out_dir / f"results-{re.sub(r'[^A-Za-z0-9._-]+', '_', Path(run.name).name)}.jsonl"
+        path = out_dir / results_file_name(run.name)
         with open(path, "w", encoding="utf-8") as f:
             for rec in merged_records(run):
                 f.write(json.dumps(json_ready(rec), ensure_ascii=False) + "\n")

@@ -12,6 +12,7 @@ import pytest
 
 from offline_eval import evaluate
 from offline_eval.compare import CompareSettings, analyse, run_judges, write_outputs
+from offline_eval.dataset import DataError
 from offline_eval.labels import load_labelled
 from scripted import ScriptedJudge, user_text
 from shared_data import BEGIN
@@ -70,10 +71,16 @@ def scripted(answer, name: str, size: int) -> ScriptedJudge:
     return judge
 
 
-def compare_scripted(labels_path: Path, settings: CompareSettings):
+def scripted_judges():
+    """A loader for two scripted judges: one that knows the labels' answers, one that always says the same."""
     judges = {"oracle": scripted(oracle, "oracle", 2_000),
               "coin": scripted(lambda r: {"claims": ["x"]} if r.tag == "claims" else ("1" if r.tag.startswith("judge") else "yes"),
                                "coin", 1_000)}
+    return judges.__getitem__
+
+
+def compare_scripted(labels_path: Path, settings: CompareSettings):
+    judges = {name: scripted_judges()(name) for name in ("oracle", "coin")}
     labelled = load_labelled(labels_path)
     runs = run_judges(labelled, list(judges), settings, loader=judges.__getitem__)
     return judges, labelled, runs, analyse(labelled, runs, settings)
@@ -97,6 +104,27 @@ def test_scripted_comparison_statistics_ranking_and_recommendation(tmp_path):
     # a wide margin makes the smaller judge good enough
     wide = analyse(labelled, runs, CompareSettings(reruns=1, resamples=50, margin=0.6))
     assert wide["overall"]["recommended"] == "coin"
+
+
+def test_a_saved_comparison_is_analysed_again_exactly_as_the_live_runs(tmp_path):
+    from offline_eval.compare import json_ready
+    from offline_eval.compare_reuse import load_comparison
+
+    settings = CompareSettings(reruns=1, resamples=100)
+    labels = write_begin(tmp_path / "b.tsv", grounded_rows() * 2)
+    _, labelled, runs, analysis = compare_scripted(labels, settings)
+    half = labelled.subset(len(labelled) // 2, seed=3)  # a --limit subset: its rows come back by number
+    runs = run_judges(half, ["oracle", "coin"], settings, loader=scripted_judges())
+    write_outputs(analyse(half, runs, settings), runs, tmp_path / "out")
+
+    again_labelled, again_runs, before = load_comparison(tmp_path / "out", load_labelled(labels))
+    assert [r.number for r in again_labelled.rows] == [r.number for r in half.rows] and before["reruns"] == 1
+    other = CompareSettings(reruns=1, resamples=100, threshold="auto", margin=0.6)
+    assert json_ready(analyse(again_labelled, again_runs, other)) == json_ready(analyse(half, runs, other))
+
+    (tmp_path / "out" / "results-coin.jsonl").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match=r"results-coin.jsonl has no \w+ result for row \d+"):
+        load_comparison(tmp_path / "out", load_labelled(labels))
 
 
 def test_labels_never_reach_a_judge(tmp_path):
@@ -210,5 +238,13 @@ def test_compare_command_with_smollm2_on_three_begin_rows(tmp_path):
         assert j["size_bytes"] == gguf.stat().st_size and j["engine"] == "llamacpp"
         assert j["memory"]["peak_rss"] >= j["memory"]["baseline_rss"] > 0 and j["tokens_per_sample"] > 0
     assert (tmp_path / "out" / "compare.html").exists()
+    # the same comparison with the threshold chosen on a calibration split: from the saved results, no judge
+    again = cli("compare", "--from", "out", "--labels", str(BEGIN), "--threshold", "auto", "--bootstrap", "50",
+                cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "loading" not in again.stderr and "recommended judge:" in again.stdout
+    redone = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert redone["settings"]["threshold"] == "auto" and redone["labels"] == data["labels"]
+    assert redone["metrics"]["response_groundedness"]["judges"][str(gguf)]["scores"] == judges[str(gguf)]["scores"]
     report = cli("report", str(tmp_path / "out" / "results-smollm2-135m-instruct.jsonl"), "-o", "r.html", cwd=tmp_path)
     assert report.returncode == 0 and "response_groundedness" in (tmp_path / "r.html").read_text()
