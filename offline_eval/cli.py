@@ -84,7 +84,7 @@ def run(
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
     from .dataset import load_rows
-    from .evaluation import select_metrics, validate
+    from .evaluation import PartialResults, select_metrics, validate
     from .judges import close_judges, embedding_factory, llm_factory
     from . import evaluate
     from .gate import DEFAULT_MAX_DROP, GateError, load_baseline, parse_bars
@@ -131,7 +131,7 @@ def run(
     output = output or Path(f"{data.stem}.results.jsonl")
     started = time.perf_counter()
     store = None
-    judging = False
+    partial = None
     ray = ray or ray_address is not None
     urls = [u.strip() for u in base_url.split(",") if u.strip()] if base_url else []
     try:
@@ -160,25 +160,34 @@ def run(
         store = None if no_cache else JudgeCache(cache or default_path())
         if resume:
             err.print(f"resuming: {store.count()} cached judge calls in {store.path}", highlight=False)
+        try:  # before any judge time: an output that cannot be written fails now, not after the run
+            partial = PartialResults(output)
+        except OSError as exc:
+            raise _fail(f"cannot write the results next to {output}: {exc}", EXIT_BAD_INPUT)
         err.print(f"loading judge {model or Registry.load().get(None).name} ...", highlight=False)
         fleet = {"base_urls": urls} if len(urls) > 1 else {"base_url": urls[0]} if urls else {}
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
-        judging = True
-        result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder,
-                          skip_invalid=skip_invalid, show_progress=True, cache=store, long_inputs=long_inputs)
+        result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
+                          show_progress=True, cache=store, long_inputs=long_inputs, on_record=partial)
     except CacheError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
     except (ModelError, EngineError) as exc:
-        if judging and store is not None:  # the run stopped part-way: say how to go on without paying twice
-            exc = f"{exc}\nThe judge calls that finished are kept in the cache {store.path} (it holds " \
-                  f"{store.count()}); once the judge is back, run the same command with --resume to finish."
-        raise _fail(str(exc), EXIT_ENGINE)
+        message = str(exc)
+        if partial is not None and partial.rows:  # stopped part-way: what is kept, how to go on without paying twice
+            message += f"\nThe {partial.rows} row(s) finished are in {partial.path}."
+        if partial is not None and store is not None and store.count():
+            message += f"\nEvery judge call that finished is in the cache {store.path}: once the judge is back, " \
+                       "run the same command with --resume to finish."
+        raise _fail(message, EXIT_ENGINE)
     finally:
         close_judges()  # stops a vLLM server started for this run
         if store is not None:
             store.close()
+        if partial is not None:
+            partial.close()
     result.write_jsonl(output)  # atomic: an existing output is replaced only by a complete one
+    partial.discard()
     _print_summary(result, time.perf_counter() - started)
     out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache "
               f"({store.path if store is not None else 'cache off'})", highlight=False)

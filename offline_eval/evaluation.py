@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .cache import open_cache
 from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_rows, to_sample
@@ -55,6 +55,7 @@ def evaluate(
     progress: Optional[Progress] = None,
     cache: Any = False,
     long_inputs: str = "truncate",
+    on_record: Optional[Callable[[dict[str, Any]], None]] = None,
 ) -> "EvaluationResult":
     """Score `dataset` (a file path, list of dicts, dict of columns, DataFrame or HF Dataset) with
     `metrics` (instances or names; default: all that the data's fields allow).
@@ -66,7 +67,10 @@ def evaluate(
     again, and new ones are stored as they finish, so rerunning an interrupted evaluation resumes it.
 
     `long_inputs`: retrieved contexts too long for the judge's context window are cut to fit ("truncate", the
-    default) or leave that sample without a value ("error"); either way `result.warnings` names the row."""
+    default) or leave that sample without a value ("error"); either way `result.warnings` names the row.
+
+    `on_record(record)` gets each row's results record (as `records()` has it) as soon as all its metrics are
+    done, in completion order: the CLI appends them to a partial results file while the run goes on."""
     rows = load_rows(dataset)
     chosen = select_metrics(metrics, rows)
     errors = validate(rows, chosen)
@@ -79,14 +83,29 @@ def evaluate(
     stats = RunStats()
     store, owned = open_cache(cache)
     try:
+        on_sample = None if on_record is None else lambda i, res: on_record(row_record(good[i], res))
         results = run_metrics([to_sample(r) for r in good], chosen, judge=engine, embeddings=embeddings,
                               progress=progress, stats=stats, show_progress=show_progress and progress is None,
-                              cache=store, long_inputs=long_inputs)
+                              cache=store, long_inputs=long_inputs, on_sample=on_sample)
     finally:
         if owned:
             store.close()
     by_row: dict[int, dict[str, MetricResult]] = {r.number: res for r, res in zip(good, results)}
     return EvaluationResult(rows, by_row, [m.name for m in chosen], errors, stats, engine.identity)
+
+
+def row_record(row: Row, results: Optional[dict[str, MetricResult]],
+               errors: Optional[list[str]] = None) -> dict[str, Any]:
+    """One row's JSON-ready record: its inputs, and per metric value, reason, details and raw judge outputs
+    (or, for a row not scored, why)."""
+    rec: dict[str, Any] = {"row": row.number, **({"line": row.line} if row.line else {}), **row.extra}
+    rec.update({f: row.data.get(f) for f in FIELDS if row.data.get(f) is not None})
+    if results is None:
+        rec["skipped"] = errors or ["not scored"]
+    else:
+        rec["metrics"] = {name: {"value": r.value, "reason": r.reason, "details": r.details,
+                                 "judge_calls": r.judge_calls} for name, r in results.items()}
+    return rec
 
 
 class EvaluationResult:
@@ -149,32 +168,45 @@ class EvaluationResult:
     def records(self) -> list[dict[str, Any]]:
         """One JSON-ready record per input row: inputs, and per metric value, reason, details and the
         raw judge outputs; skipped rows carry their validation errors instead."""
-        out = []
         row_errors: dict[int, list[str]] = {}
         for e in self.errors:
             row_errors.setdefault(e.row.number, []).append(str(e))
-        for row in self.rows:
-            rec: dict[str, Any] = {"row": row.number, **({"line": row.line} if row.line else {}), **row.extra}
-            rec.update({f: row.data.get(f) for f in FIELDS if row.data.get(f) is not None})
-            res = self.results.get(row.number)
-            if res is None:
-                rec["skipped"] = row_errors.get(row.number, ["not scored"])
-            else:
-                rec["metrics"] = {
-                    name: {"value": r.value, "reason": r.reason, "details": r.details,
-                           "judge_calls": r.judge_calls}
-                    for name, r in res.items()
-                }
-            out.append(rec)
-        return out
+        return [row_record(row, self.results.get(row.number), row_errors.get(row.number)) for row in self.rows]
 
     def write_jsonl(self, path: str | Path) -> None:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             for rec in self.records():
-                f.write(json.dumps(rec, ensure_ascii=False, default=_json_default) + "\n")
+                f.write(record_line(rec))
         tmp.replace(path)
+
+
+def record_line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, default=_json_default) + "\n"
+
+
+class PartialResults:
+    """`<output>.partial`: each row's record appended (and flushed) as soon as the row is done, so a long run's
+    finished rows can be read, and survive, before the run ends. Removed once the complete output is written
+    (which is written whole, atomically, in row order)."""
+
+    def __init__(self, output: str | Path):
+        self.path = Path(output).with_name(Path(output).name + ".partial")
+        self.rows = 0
+        self._file = open(self.path, "w", encoding="utf-8")
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self._file.write(record_line(record))
+        self._file.flush()
+        self.rows += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+    def discard(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
 
 
 def _json_default(value: Any) -> Any:

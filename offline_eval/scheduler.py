@@ -22,10 +22,11 @@ asks the cache per request and stores each new output as soon as it returns.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -69,6 +70,7 @@ class _Task:
     calls: list[dict[str, Any]] = field(default_factory=list)
     waiting: list[Any] = field(default_factory=list)  # the stage this plan waits on
     seconds: float = 0.0  # its share of engine and embedding time
+    on_done: Optional[Callable[[], None]] = None  # called once its result is set
 
 
 def run_metrics(
@@ -83,12 +85,14 @@ def run_metrics(
     chunk_size: Optional[int] = None,
     long_inputs: str = "truncate",
     pipeline: Optional[bool] = None,
+    on_sample: Optional[Callable[[int, dict[str, MetricResult]], None]] = None,
 ) -> list[dict[str, MetricResult]]:
     """Score every sample with every metric; returns, per sample, {metric name: result}. With `cache`,
     requests it holds are not sent to the engine, and new outputs are stored every `chunk_size` requests
     (default: $OFFLINE_EVAL_CHUNK, else 64). Contexts too long for the judge follow `long_inputs`
     ("truncate" or "error", see long_inputs.py). `pipeline`: run the plans pipelined (needs an engine with
-    `session()`) or in waves; default: pipelined whenever the engine can."""
+    `session()`) or in waves; default: pipelined whenever the engine can. `on_sample(i, results)` is called as
+    soon as sample i has every metric's result (in completion order), e.g. to write results as they come."""
     from .judges import resolve_embeddings, resolve_judge
 
     engine = resolve_judge(judge if judge is not None else _first(metrics, "llm"))
@@ -104,8 +108,8 @@ def run_metrics(
         from .progress import RichProgress
 
         with RichProgress() as bar:
-            return _run(samples, metrics, feed, embedder, bar, stats, long_inputs, pipelined)
-    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, long_inputs, pipelined)
+            return _run(samples, metrics, feed, embedder, bar, stats, long_inputs, pipelined, on_sample)
+    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, long_inputs, pipelined, on_sample)
 
 
 def _first(metrics: Sequence[Metric], attr: str) -> Any:
@@ -113,9 +117,11 @@ def _first(metrics: Sequence[Metric], attr: str) -> Any:
 
 
 def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats, long_inputs: str,
-         pipelined: bool):
+         pipelined: bool, on_sample=None):
     started = time.perf_counter()
     tasks = [[_start(metric, sample, feed.engine, long_inputs) for metric in metrics] for sample in samples]
+    if on_sample is not None:
+        _report_samples(tasks, on_sample)
     live = [t for row in tasks for t in row if t.result is None]
     if pipelined:
         from .pipeline import run_pipelined
@@ -128,6 +134,26 @@ def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: R
         for t in row:
             _account(stats, t)
     return [{t.metric.name: t.result for t in row} for row in tasks]
+
+
+def _report_samples(tasks: list[list[_Task]], on_sample: Callable[[int, dict[str, MetricResult]], None]) -> None:
+    """Call on_sample for each sample whose plans are all done: now, or when its last plan finishes."""
+    left = [sum(t.result is None for t in row) for row in tasks]
+
+    def report(i: int) -> None:
+        on_sample(i, {t.metric.name: t.result for t in tasks[i]})
+
+    def one_done(i: int) -> None:
+        left[i] -= 1
+        if left[i] == 0:
+            report(i)
+
+    for i, row in enumerate(tasks):
+        if left[i] == 0:
+            report(i)
+        for t in row:
+            if t.result is None:
+                t.on_done = functools.partial(one_done, i)
 
 
 def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str) -> _Task:
@@ -188,6 +214,8 @@ def _advance(task: _Task, results: Optional[list[Any]]) -> None:
         task.result = done.value
         task.result.judge_calls = task.calls
         task.waiting = []
+        if task.on_done is not None:
+            task.on_done()
 
 
 @dataclass

@@ -28,6 +28,17 @@ def test_run_writes_per_sample_results_and_prints_a_summary(tmp_path):
     assert len(records) == 2
     calls = records[0]["metrics"]["context_relevance"]["judge_calls"]
     assert [c["stage"] for c in calls] == ["judge1", "judge2"] and calls[0]["text"] in ("0", "1", "2")
+    assert not (tmp_path / "two.results.jsonl.partial").exists()  # the rows as they finished: gone once complete
+
+
+def test_an_unwritable_output_fails_before_any_judge_loads(tmp_path):
+    data = tmp_path / "one.jsonl"
+    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    proc = cli("run", "--model", "smollm2-135m-instruct", "-o", str(tmp_path / "missing" / "out.jsonl"), str(data),
+               cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot write the results next to" in proc.stderr and "loading judge" not in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_bad_rows_are_all_listed_and_nothing_runs(tmp_path):

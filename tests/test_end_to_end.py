@@ -92,3 +92,11 @@ def test_offline_eval_threads_bounds_the_embeddings_threads_too():
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "1"]
+
+
+def test_each_row_record_is_handed_over_once_as_soon_as_the_row_is_done(smollm):
+    rows = [json.loads(line) for line in (EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[:2]]
+    got = []
+    result = evaluate(rows, metrics=["faithfulness", "context_relevance"], llm=smollm, show_progress=False,
+                      on_record=got.append)
+    assert sorted(got, key=lambda r: r["row"]) == result.records()

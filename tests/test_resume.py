@@ -84,8 +84,14 @@ def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
     stored = stored_calls(tmp_path / "resume.sqlite")
     assert 4 <= stored < full_new
     assert output.read_text() == "previous results\n"  # kept: the killed run never wrote a partial file
+    partial = tmp_path / f"{output.name}.partial"  # but the rows it finished, as they finished
+    finished = [json.loads(line) for line in partial.read_text(encoding="utf-8").splitlines()]
 
     new, cached = finish(run_cli("--cache", "resume.sqlite", "--resume", "-o", output.name, str(data),
                                  cwd=tmp_path))
     assert cached == stored and new == full_new - stored and new < full_new
     assert scores(output) == scores(tmp_path / "full.jsonl")
+    final = {r["row"]: r for r in map(json.loads, output.read_text(encoding="utf-8").splitlines())}
+    assert all(final[r["row"]]["metrics"]["faithfulness"]["value"] == r["metrics"]["faithfulness"]["value"]
+               for r in finished)
+    assert not partial.exists()

@@ -135,11 +135,15 @@ def test_pipelined_run_has_the_wave_result_shape_and_only_valid_outputs(engine):
 
     samples = [SingleTurnSample(**s, reference=s["retrieved_contexts"][0]) for s in SAMPLES]
     metrics = [Faithfulness(), AnswerAccuracy()]
-    runs = {}
+    runs, reported = {}, {True: [], False: []}
     for pipeline in (True, False):
         stats = RunStats()
-        runs[pipeline] = (run_metrics(samples, metrics, judge=engine, stats=stats, pipeline=pipeline), stats)
+        runs[pipeline] = (run_metrics(samples, metrics, judge=engine, stats=stats, pipeline=pipeline,
+                                      on_sample=lambda i, res, p=pipeline: reported[p].append((i, res))), stats)
     (pipelined, stats), (waves, wave_stats) = runs[True], runs[False]
+    for pipeline, (results, _) in runs.items():  # each sample reported once, when complete, with its results
+        assert sorted(i for i, _ in reported[pipeline]) == list(range(len(samples)))
+        assert all(res == results[i] for i, res in reported[pipeline])
     for name in ("faithfulness", "answer_accuracy"):
         assert result_shape([r[name] for r in pipelined]) == result_shape([r[name] for r in waves])
     calls = [c for row in pipelined for r in row.values() for c in r.judge_calls]
