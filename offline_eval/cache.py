@@ -5,8 +5,9 @@ engine kind) and the request's own key (messages, constraint, temperature, seed,
 part of the key on purpose: two judges asked the same question must not share answers.
 
 Only outputs with a value are stored: a failed call (value None) is retried by the next run. The scheduler
-writes each engine batch as soon as it returns, so a killed run loses at most one batch, and rerunning with
-the cache on resumes where it stopped.
+commits each call as it returns (a whole batch for vLLM in process), so a killed run loses only its calls in
+flight, and rerunning with the cache on resumes where it stopped. `offline-eval cache info|prune` inspects
+and trims the file (per judge, by age).
 
 Sentence embeddings are kept beside the judge calls (table `embeddings`, keyed by the embedding model's
 identity and the text, float32), so a warm rerun computes no model output at all.
@@ -170,6 +171,38 @@ class JudgeCache:
         """How many judge calls the cache holds."""
         with self._lock, self._errors():
             return self._db.execute("SELECT COUNT(*) FROM judge_calls").fetchone()[0]
+
+    def judges(self) -> list[dict[str, Any]]:
+        """Per judge identity: its calls and when the oldest and newest were stored (epoch seconds)."""
+        with self._lock, self._errors():
+            rows = self._db.execute("SELECT judge, COUNT(*), MIN(created), MAX(created) FROM judge_calls "
+                                    "GROUP BY judge ORDER BY MAX(created) DESC").fetchall()
+        return [{"judge": json.loads(j), "calls": n, "oldest": lo, "newest": hi} for j, n, lo, hi in rows]
+
+    def vector_count(self) -> int:
+        with self._lock, self._errors():
+            return self._db.execute("SELECT COUNT(*) FROM embeddings").fetchone()[0]
+
+    def prune(self, judges: Optional[Sequence[dict[str, Any]]] = None, before: Optional[float] = None,
+              vectors: bool = False) -> tuple[int, int]:
+        """Delete the judge calls of `judges` (identities as `judges()` lists them; None: every judge) stored
+        before `before` (epoch seconds; None: whenever), and with `vectors` the embeddings stored before
+        `before` too; then give the space back to the file system. Returns (calls, vectors) deleted."""
+        where, args = [], []
+        if judges is not None:
+            where.append(f"judge IN ({','.join('?' * len(judges))})")
+            args += [identity_json(j) for j in judges]
+        if before is not None:
+            where.append("created < ?")
+            args.append(before)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        with self._lock, self._errors():
+            with self._db:
+                calls = self._db.execute(f"DELETE FROM judge_calls{clause}", args).rowcount if judges != [] else 0
+                removed = self._db.execute("DELETE FROM embeddings" + ("" if before is None else " WHERE created < ?"),
+                                           [] if before is None else [before]).rowcount if vectors else 0
+            self._db.execute("VACUUM")
+        return calls, removed
 
     def close(self) -> None:
         db, self._db = getattr(self, "_db", None), None

@@ -32,6 +32,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Evaluate RAG answers with local, constrained judge models.")
 models_app = typer.Typer(no_args_is_help=True, help="The judge and embedding models offline-eval knows.")
 app.add_typer(models_app, name="models")
+cache_app = typer.Typer(no_args_is_help=True, help="The judge-call cache: what it holds, and trimming it.")
+app.add_typer(cache_app, name="cache")
+CACHE_PATH = typer.Option(None, "--cache", help="The cache file. Default: $OFFLINE_EVAL_JUDGE_CACHE, else $OFFLINE_EVAL_CACHE_DIR/judge-cache.sqlite.")
 
 # Messages are never wrapped (they are often piped or grepped); tables get room when not on a terminal.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -65,7 +68,7 @@ def run(
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Embedding model (models.yaml name or a folder)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Override the model's engine: vllm (server) or vllm-offline (in process) for a vLLM model."),
     server: str = typer.Option("auto", "--server", help="vLLM server models: auto (use the model's base_url if it answers, else start a server for the run), connect (only use a running one), start (always start one for the run)."),
-    cache: Optional[Path] = typer.Option(None, "--cache", help="The judge-call cache (SQLite). Default: $OFFLINE_EVAL_JUDGE_CACHE, else $OFFLINE_EVAL_CACHE_DIR/judge-cache.sqlite."),
+    cache: Optional[Path] = CACHE_PATH,
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the judge-call cache."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: reuse its cached judge calls (any rerun with the cache on does); the old output stays until the new one is complete."),
     long_inputs: str = typer.Option("truncate", "--long-inputs", help="Retrieved contexts too long for the judge's context window: truncate (cut them, longest first, from the end; warn per row) or error (no value for that row and metric)."),
@@ -439,6 +442,71 @@ def models_verify(
               f"{len(results) - len(failed) - sum(r.status == OK for r in results)} not staged", highlight=False)
     if failed:
         raise typer.Exit(1)
+
+
+def _open_cache(path: Optional[Path]) -> "JudgeCache":
+    from .cache import CacheError, JudgeCache, default_path
+
+    where = path or default_path()
+    if not where.exists():
+        raise _fail(f"no judge cache at {where}", EXIT_BAD_INPUT)
+    try:
+        return JudgeCache(where)
+    except CacheError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _mib(path: Path) -> str:
+    """The cache's size on disk, with its write-ahead log."""
+    files = [path, path.with_name(path.name + "-wal")]
+    return f"{sum(f.stat().st_size for f in files if f.exists()) / 2**20:.1f} MiB"
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+@cache_app.command("info")
+def cache_info(cache: Optional[Path] = CACHE_PATH) -> None:
+    """What the cache holds: judge calls per judge (with their age), embeddings, and the file's size."""
+    with _open_cache(cache) as store:
+        judges, vectors = store.judges(), store.vector_count()
+    table = Table(title=f"judge cache {store.path} ({_mib(store.path)})")
+    for col in ("model", "engine", "where", "calls", "oldest", "newest"):
+        table.add_column(col)
+    for j in judges:
+        who = j["judge"]
+        where = who.get("base_url") or who.get("base_urls") or who.get("weights") or ""
+        table.add_row(str(who.get("model")), str(who.get("engine")), str(where), str(j["calls"]),
+                      _when(j["oldest"]), _when(j["newest"]))
+    out.print(table)
+    out.print(f"{sum(j['calls'] for j in judges)} judge calls, {vectors} embeddings", highlight=False)
+
+
+@cache_app.command("prune")
+def cache_prune(
+    cache: Optional[Path] = CACHE_PATH,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Only this judge's calls (its name as `cache info` shows it; every engine and server of that name)."),
+    older_than: Optional[float] = typer.Option(None, "--older-than", min=0.0, help="Only entries stored more than this many days ago (embeddings too, unless --model is given)."),
+    everything: bool = typer.Option(False, "--all", help="Every judge call and embedding."),
+) -> None:
+    """Delete judge calls (and embeddings) from the cache and shrink the file. Needs --model, --older-than or --all."""
+    if not (model or older_than is not None or everything):
+        raise _fail("say what to delete: --model NAME, --older-than DAYS, or --all", EXIT_BAD_INPUT)
+    if everything and (model or older_than is not None):
+        raise _fail("--all deletes everything: it takes neither --model nor --older-than", EXIT_BAD_INPUT)
+    before = None if older_than is None else time.time() - older_than * 86400
+    with _open_cache(cache) as store:
+        judges = None
+        if model:
+            judges = [j["judge"] for j in store.judges() if j["judge"].get("model") == model]
+            if not judges:
+                raise _fail(f"the cache holds no calls of a judge named {model!r}; `offline-eval cache info` "
+                            "lists them", EXIT_BAD_INPUT)
+        calls, vectors = store.prune(judges, before, vectors=not model)
+        left = store.count()
+    out.print(f"deleted {calls} judge calls and {vectors} embeddings; {left} judge calls left in {store.path} "
+              f"({_mib(store.path)})", highlight=False)
 
 
 if __name__ == "__main__":

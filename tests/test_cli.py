@@ -97,3 +97,24 @@ def test_models_list_shows_the_embedded_defaults(tmp_path):
     assert proc.returncode == 0
     for name in ("qwen2.5-coder-1.5b", "smollm2-135m", "all-minilm-l6-v2"):
         assert name in proc.stdout
+
+
+def test_cache_info_lists_judges_and_prune_deletes_by_judge_and_age(tmp_path):
+    data = tmp_path / "one.jsonl"
+    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    run = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "--cache", "c.sqlite",
+              str(data), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    info = cli("cache", "info", "--cache", "c.sqlite", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    assert "smollm2-135m-instruct" in info.stdout and "2 judge calls, 0 embeddings" in info.stdout
+    assert cli("cache", "prune", "--cache", "c.sqlite", cwd=tmp_path).returncode == 2  # nothing said: nothing done
+    old = cli("cache", "prune", "--cache", "c.sqlite", "--older-than", "1", cwd=tmp_path)
+    assert old.returncode == 0 and "deleted 0 judge calls" in old.stdout and "2 judge calls left" in old.stdout
+    other = cli("cache", "prune", "--cache", "c.sqlite", "--model", "qwen2.5-7b-instruct", cwd=tmp_path)
+    assert other.returncode == 2 and "no calls of a judge named 'qwen2.5-7b-instruct'" in other.stderr
+    mine = cli("cache", "prune", "--cache", "c.sqlite", "--model", "smollm2-135m-instruct", cwd=tmp_path)
+    assert mine.returncode == 0 and "deleted 2 judge calls" in mine.stdout and "0 judge calls left" in mine.stdout
+    again = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "--cache", "c.sqlite",
+                str(data), cwd=tmp_path)
+    assert "judge calls: 2 new, 0 from the cache" in again.stdout  # pruned calls are judged again
