@@ -63,7 +63,7 @@ def run(
     data: Path = typer.Argument(..., help="Dataset: .jsonl, .json, .csv, .tsv or .parquet"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Judge model (models.yaml name or a .gguf path). Default: the registry's default judge."),
     metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metric names. Default: every metric the data's fields allow."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Per-sample results (JSONL). Default: <data>.results.jsonl in the current directory."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Per-sample results: .jsonl, or .parquet. Default: <data file stem>.results.jsonl in the current directory."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Score the valid rows and record the invalid ones as skipped, instead of stopping."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Embedding model (models.yaml name or a folder)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Override the model's engine: vllm (server) or vllm-offline (in process) for a vLLM model."),
@@ -77,7 +77,7 @@ def run(
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="The largest allowed drop of a mean against --baseline (default 0.02)."),
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the per-metric summary as JSON (a --baseline for later runs)."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="vLLM server models: the server's URL (up to /v1) instead of models.yaml's; several, comma-separated, make a fleet: each request goes to the least busy server, and a failed server's requests go to the others."),
-    ray: bool = typer.Option(False, "--ray", help="Run on Ray Data: judge replicas (vLLM in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
+    ray: bool = typer.Option(False, "--ray", help="Run on Ray Data: judge replicas (vLLM, or llama.cpp for a GGUF model, in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
     ray_address: Optional[str] = RAY_ADDRESS,
     replicas: int = REPLICAS,
     replica_cpus: float = REPLICA_CPUS,
@@ -88,6 +88,7 @@ def run(
     from .cache import CacheError, JudgeCache, default_path
     from .dataset import load_rows
     from .evaluation import PartialResults, select_metrics, validate
+    from .results_io import parquet_problem
     from .judges import close_judges, embedding_factory, llm_factory
     from . import evaluate
     from .gate import DEFAULT_MAX_DROP, GateError, load_baseline, parse_bars
@@ -132,10 +133,15 @@ def run(
             err.print(f"  {e}", highlight=False)
 
     output = output or Path(f"{data.stem}.results.jsonl")
+    if output.suffix == ".parquet" and parquet_problem():
+        raise _fail(parquet_problem(), EXIT_BAD_INPUT)
     started = time.perf_counter()
     store = None
     partial = None
     ray = ray or ray_address is not None
+    if ray and (engine or base_url or server != "auto"):
+        raise _fail("--ray runs the judge in process on every replica (vLLM, or llama.cpp for a GGUF model): "
+                    "--engine, --server and --base-url do not apply", EXIT_BAD_INPUT)
     urls = [u.strip() for u in base_url.split(",") if u.strip()] if base_url else []
     try:
         if ray:  # each replica opens the judge cache of its own node (or `--cache PATH`, a path every node has)
@@ -189,7 +195,7 @@ def run(
             store.close()
         if partial is not None:
             partial.close()
-    result.write_jsonl(output)  # atomic: an existing output is replaced only by a complete one
+    result.write(output)  # atomic: an existing output is replaced only by a complete one (.parquet or JSONL)
     partial.discard()
     _print_summary(result, time.perf_counter() - started)
     out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache "
@@ -253,7 +259,7 @@ def serve(
     try:
         spec = Registry.load().get(model, "judge")
     except ModelError as exc:
-        raise _fail(str(exc), EXIT_BAD_INPUT)
+        raise _fail(str(exc), EXIT_ENGINE)
     if spec.engine not in ("vllm", "vllm-offline"):
         raise _fail(f"{spec.name} is a {spec.engine} model; `serve` runs vLLM models only", EXIT_BAD_INPUT)
     base_url = spec.settings.get("base_url")
@@ -286,19 +292,19 @@ def compare(
     metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metrics. Default: every metric the labels cover."),
     output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Where compare.json/.md/.html and the per-judge results go. Default: compare-<labels name>."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Use N rows picked at random with --seed: a reproducible subset."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the subset, the calibration split and the bootstrap."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the subset, the calibration split and the bootstrap (default 0; with --from, the earlier comparison's)."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, help="Recommend the smallest judge within this much of the best."),
     threshold: str = typer.Option("0.5", "--threshold", help="score >= threshold predicts the positive label; 'auto' chooses it on a seeded 50% calibration split and reports on the other half."),
     reruns: int = typer.Option(0, "--reruns", min=0, help="Run every judge N more times and report the share of identical scores."),
     resamples: int = typer.Option(1000, "--bootstrap", min=0, help="Bootstrap resamples for the 95% confidence intervals."),
     rank_by: str = typer.Option("auc", "--rank-by", help="The statistic that ranks judges: auc, balanced_accuracy, kappa, accuracy, spearman or kendall."),
-    ray: bool = typer.Option(False, "--ray", help="Score each judge on Ray: its own --replicas (vLLM in process) take the whole cluster, then are released before the next judge's load. A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
+    ray: bool = typer.Option(False, "--ray", help="Score each judge on Ray: its own --replicas (vLLM, or llama.cpp for a GGUF model, in process) take the whole cluster, then are released before the next judge's load. A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
     ray_address: Optional[str] = RAY_ADDRESS,
     replicas: int = REPLICAS,
     replica_cpus: float = REPLICA_CPUS,
     replica_gpus: Optional[float] = REPLICA_GPUS,
     block_rows: int = BLOCK_ROWS,
-    reuse: Optional[Path] = typer.Option(None, "--from", help="Analyse the comparison in this output folder again (e.g. with another --threshold, --margin or --rank-by) from its saved results, without running any judge. Needs the same --labels file; --models, --metrics and --reruns do not apply (nor --limit/--seed, except for a comparison made before offline-eval listed its rows)."),
+    reuse: Optional[Path] = typer.Option(None, "--from", help="Analyse the comparison in this output folder again (e.g. with another --threshold, --margin or --rank-by) from its saved results, without running any judge. Needs the same --labels file; --models, --metrics, --limit and --reruns do not apply (--limit only for a comparison made before offline-eval listed its rows); --seed defaults to the earlier comparison's."),
 ) -> None:
     """Compare judges against human labels: agreement with confidence intervals, cost, consistency, and the
     smallest judge close to the best."""
@@ -318,19 +324,20 @@ def compare(
         cut: float | str = "auto" if threshold == "auto" else float(threshold)
     except ValueError:
         raise _fail(f"--threshold must be 'auto' or a number, not {threshold!r}", EXIT_BAD_INPUT)
-    settings = CompareSettings(metrics=metrics.split(",") if metrics else None, threshold=cut, seed=seed,
+    settings = CompareSettings(metrics=metrics.split(",") if metrics else None, threshold=cut, seed=seed or 0,
                                margin=margin, reruns=reruns, resamples=resamples, rank_by=rank_by,
                                show_progress=True)
     out_dir = output_dir or reuse or Path(f"compare-{labels.stem}")
     announce = lambda n: err.print(f"judge {names.index(n) + 1}/{len(names)}: loading {n} ...", highlight=False)  # noqa: E731
     try:
         every_label = load_labelled(labels)
-        labelled = every_label.subset(limit, seed)
+        labelled = every_label.subset(limit, seed or 0)
         if reuse is not None:
             from .compare_reuse import load_comparison
 
             labelled, runs, before = load_comparison(reuse, every_label, labelled)
             settings.reruns = before["reruns"]
+            settings.seed = before["seed"] if seed is None else seed
         elif ray or ray_address is not None:
             from .compare_ray import RayPlacement, run_judges_on_ray
             from .ray_run import RayRunError

@@ -220,12 +220,15 @@ def _parse_csv(path: Path, text: str, delimiter: str) -> list[Row]:
     return _from_records(records, numbers)
 
 
+_CSV_LISTS = {"retrieved_contexts", "ground_truths"}  # columns that hold lists (ground_truths: joined later)
+
+
 def _csv_cell(column: str, value: Optional[str]) -> Any:
-    """CSV cells are strings; a contexts column may hold a JSON list, or the Python list repr that pandas'
-    to_csv writes (['a', 'b'])."""
+    """CSV cells are strings; a contexts (or ground_truths) column may hold a JSON list, or the Python list
+    repr that pandas' to_csv writes (['a', 'b'])."""
     if value is None or value == "":
         return None
-    if ALIASES.get(column, column) == "retrieved_contexts":
+    if column in _CSV_LISTS or ALIASES.get(column, column) == "retrieved_contexts":
         stripped = value.strip()
         if stripped.startswith("["):
             for parse in (json.loads, ast.literal_eval):
@@ -235,7 +238,7 @@ def _csv_cell(column: str, value: Optional[str]) -> Any:
                     continue
                 if isinstance(parsed, list):
                     return parsed
-        return [value]
+        return [value] if ALIASES.get(column, column) == "retrieved_contexts" else value
     return value
 
 

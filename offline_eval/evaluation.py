@@ -173,13 +173,23 @@ class EvaluationResult:
             row_errors.setdefault(e.row.number, []).append(str(e))
         return [row_record(row, self.results.get(row.number), row_errors.get(row.number)) for row in self.rows]
 
-    def write_jsonl(self, path: str | Path) -> None:
+    def write(self, path: str | Path, parquet: Optional[bool] = None) -> None:
+        """The per-row records, atomically, in row order: Parquet (results_io.py) for a .parquet path or with
+        `parquet`, else JSONL."""
+        from .results_io import results_writer
+
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        out = results_writer(tmp, self.metric_names, parquet=path.suffix == ".parquet" if parquet is None else parquet)
+        try:
             for rec in self.records():
-                f.write(record_line(rec))
+                out.write(record_line(rec).rstrip("\n"), rec)
+        finally:
+            out.close()
         tmp.replace(path)
+
+    def write_jsonl(self, path: str | Path) -> None:
+        self.write(path, parquet=False)
 
 
 def record_line(record: dict[str, Any]) -> str:

@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from .dataset import Row, load_rows, to_sample
 from .evaluation import EvaluationResult, _json_default, select_metrics, validate
 from .metrics import Metric, MetricResult
+from .results_io import results_writer
 from .scheduler import RunStats
 
 PART_FORMAT = 1
@@ -230,50 +231,6 @@ def _part_records(path: Path, rows: set[int]) -> Iterator[tuple[int, str, dict[s
 
 # ---- the merged output -----------------------------------------------------------------------------------
 
-class _JsonlOut:
-    def __init__(self, path: Path, metric_names: Sequence[str]):
-        self.f = open(path, "w", encoding="utf-8")
-
-    def write(self, line: str, record: dict[str, Any]) -> None:
-        self.f.write(line + "\n")
-
-    def close(self) -> None:
-        self.f.close()
-
-
-class _ParquetOut:
-    """row, one float column per metric, and the full JSON record as text; written in row groups."""
-
-    GROUP = 4096
-
-    def __init__(self, path: Path, metric_names: Sequence[str]):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        self.pa = pa
-        self.names = list(metric_names)
-        self.schema = pa.schema([("row", pa.int64()), *[(n, pa.float64()) for n in self.names],
-                                 ("record", pa.string())])
-        self.writer = pq.ParquetWriter(str(path), self.schema)
-        self.buffer: list[dict[str, Any]] = []
-
-    def write(self, line: str, record: dict[str, Any]) -> None:
-        metrics = record.get("metrics", {})
-        self.buffer.append({"row": record["row"], **{n: metrics.get(n, {}).get("value") for n in self.names},
-                            "record": line})
-        if len(self.buffer) >= self.GROUP:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self.buffer:
-            self.writer.write_table(self.pa.Table.from_pylist(self.buffer, schema=self.schema))
-            self.buffer = []
-
-    def close(self) -> None:
-        self._flush()
-        self.writer.close()
-
-
 def merge(output: Path, sources: dict[int, Path], extra: Sequence[dict[str, Any]], metric_names: Sequence[str],
           full: bool = True) -> dict[int, dict[str, MetricResult]]:
     """Write every row's record in row order (`sources`: the part holding each scored row; `extra`: records
@@ -287,7 +244,7 @@ def merge(output: Path, sources: dict[int, Path], extra: Sequence[dict[str, Any]
         records = sorted(((r["row"], _dumps(r), r) for r in extra), key=lambda t: t[0])
         streams.append((records[0][0], lambda: iter(records)))
     tmp = output.with_name(output.name + ".tmp")
-    out = (_ParquetOut if output.suffix == ".parquet" else _JsonlOut)(tmp, metric_names)
+    out = results_writer(tmp, metric_names, parquet=output.suffix == ".parquet")
     results: dict[int, dict[str, MetricResult]] = {}
     try:
         for number, line, record in _in_row_order(streams):

@@ -118,3 +118,24 @@ def test_cache_info_lists_judges_and_prune_deletes_by_judge_and_age(tmp_path):
     again = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "--cache", "c.sqlite",
                 str(data), cwd=tmp_path)
     assert "judge calls: 2 new, 0 from the cache" in again.stdout  # pruned calls are judged again
+
+
+def test_parquet_output_holds_the_values_and_the_full_records(tmp_path):
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "one.jsonl"
+    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    proc = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "-o", "out.parquet",
+               str(data), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    table = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert len(table) == 1 and set(table[0]) == {"row", "context_relevance", "record"}
+    record = json.loads(table[0]["record"])
+    assert record["row"] == 1 and record["metrics"]["context_relevance"]["value"] == table[0]["context_relevance"]
+
+
+def test_ray_refuses_the_flags_of_a_server_judge(tmp_path):
+    data = tmp_path / "one.jsonl"
+    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    proc = cli("run", "--ray", "--base-url", "http://127.0.0.1:9/v1", str(data), cwd=tmp_path)
+    assert proc.returncode == 2 and "--engine, --server and --base-url do not apply" in proc.stderr

@@ -277,3 +277,11 @@ def test_extra_columns_are_kept_in_the_output(tmp_path):
     result = run(source, agreeable_judge())
     assert [(r["id"], r["notes"]) for r in result.records()] == [("q-1", "note 0"), ("q-2", "note 1")]
     assert result.to_pandas()[["id", "notes"]].values.tolist() == [["q-1", "note 0"], ["q-2", "note 1"]]
+
+
+def test_ground_truths_lists_in_a_pandas_csv_are_joined_like_everywhere_else(tmp_path):
+    rows = {"question": ["q"], "answer": ["a"], "contexts": [["c1", "c2"]], "ground_truths": [["r1", "r2"]]}
+    pd.DataFrame(rows).to_csv(tmp_path / "d.csv", index=False)
+    from_csv = load_rows(tmp_path / "d.csv")[0].data
+    assert from_csv == load_rows(rows)[0].data == {"user_input": "q", "response": "a",
+                                                    "retrieved_contexts": ["c1", "c2"], "reference": "r1\nr2"}

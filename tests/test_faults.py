@@ -133,9 +133,8 @@ def test_a_server_that_keeps_failing_stops_the_run_clearly_and_resume_finishes_i
         assert (workdir / "failing.jsonl").read_text() == "earlier results\n"  # never a partial results file
         assert stored_calls(workdir / "failing.sqlite") == 5  # every call that finished, none that did not
 
-        proxy.fault = lambda n: None  # the server is healthy again (same URL: the cache keys name it)
-        code, out, err = finish(start_run(workdir, proxy.url, "failing.sqlite", "failing.jsonl", models,
-                                          "--resume"))
+    # the server reached directly, not through the proxy: the cache keys name the weights it serves, not its URL
+    code, out, err = finish(start_run(workdir, server.url, "failing.sqlite", "failing.jsonl", models, "--resume"))
     assert code == 0, err
     assert summary_calls(out) == (total - 5, 5)
     assert results(workdir / "failing.jsonl") == expected

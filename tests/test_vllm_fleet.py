@@ -84,8 +84,10 @@ def test_an_unreachable_endpoint_is_reported_and_skipped(servers, capsys):
     assert [e.base_url for e in fleet.live] == [servers[0].url]
     assert dead in fleet.down and "unreachable" in fleet.down[dead]
     assert dead in capsys.readouterr().err
-    # the cache key names the fleet as configured, whichever endpoint is up
-    assert fleet.identity["base_urls"] == [servers[0].url, dead] and fleet.identity["max_model_len"] == 8192
+    # the cache key names the weights the servers loaded, whichever endpoint is up: one of its servers alone
+    # shares the fleet's cached answers
+    single = load_engine(Registry.load().get(HF_ENTRY), server="connect", base_url=servers[1].url)
+    assert fleet.identity == single.identity and fleet.identity["weights"] == str(smollm_hf_dir())
 
 
 def test_every_endpoint_unreachable_is_an_error():

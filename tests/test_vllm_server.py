@@ -54,6 +54,8 @@ def test_engine_identity_comes_from_the_server(engine):
     assert engine.identity["engine"] == "vllm"
     assert engine.identity["served_model"] == HF_ENTRY
     assert engine.identity["max_model_len"] == 8192
+    # keyed by the weights the server loaded (its /v1/models "root"), not by where it listens
+    assert engine.identity["weights"] == str(smollm_hf_dir()) and "base_url" not in engine.identity
 
 
 def test_choice_constraint_bites_and_legacy_field_is_ignored(engine, vllm_server):

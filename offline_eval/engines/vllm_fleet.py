@@ -14,8 +14,9 @@ For vLLM replicas behind no load balancer (one per GPU host), or next to one. mo
   is sent to another endpoint; its other in-flight requests do the same as they fail. If it does answer, the
   error was the request's own (e.g. a rejected request) and is raised, as a single server would. So a lost
   endpoint loses no request; only when every endpoint is down does the run stop.
-- Identity (cache keys): the served model, the configured URLs (all of them, so an endpoint being down does
-  not change the key) and the context length, like a single server's.
+- Identity (cache keys): like a single server's, the served model, the weights the servers loaded (or, for
+  servers that do not say, all the configured URLs, so an endpoint being down does not change the key) and
+  the context length.
 - The scheduler runs it pipelined (it has `session()`), with the fleet's total concurrency in flight.
 """
 
@@ -55,8 +56,10 @@ class VllmFleetEngine:
         lengths = {e.max_model_len for e in self.endpoints}
         self.max_model_len = min(n for n in lengths if n) if any(lengths) else None
         first = self.endpoints[0]
-        self.identity = {**first.identity, "base_urls": urls, "max_model_len": self.max_model_len}
-        self.identity.pop("base_url", None)
+        self.identity = {**first.identity, "max_model_len": self.max_model_len}
+        if "base_url" in self.identity:  # servers that do not say what they loaded: named by all their URLs
+            del self.identity["base_url"]
+            self.identity["base_urls"] = urls
 
     # ---- the engine protocol, as a single server provides it ----------------------------------------------
     # generate() and agenerate() only need session(): borrow the single server's, which batch requests

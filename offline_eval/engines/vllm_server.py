@@ -104,11 +104,16 @@ class VllmServerEngine:
         self.merge_system = merge_system
         self.managed = managed  # a server started for this engine (engines/vllm_launch.py); stopped on close()
         self.max_model_len: Optional[int] = None
+        self.weights: Optional[str] = None  # what the server loaded (its --model: a folder or hub id)
         if check:
             self._check_server()
-        # A server started for this run listens on a throwaway port: name its weights instead, so cache
-        # keys (cache.py) stay the same from run to run.
-        where = {"base_url": self.base_url} if managed is None else {"weights": str(managed.spec.weights_path())}
+        # Cache keys (cache.py) name the weights the server loaded, not where it listens: a server started for
+        # this run (on a throwaway port) and one the user runs at base_url share their answers when they serve
+        # the same weights, and a rerun after a server moved still resumes. Only a server that does not say
+        # what it loaded is named by its URL.
+        if self.weights is None and managed is not None:
+            self.weights = str(managed.spec.weights_path())
+        where = {"weights": self.weights} if self.weights else {"base_url": self.base_url}
         self.identity = {
             "engine": "vllm",
             "model": name or model,
@@ -156,6 +161,7 @@ class VllmServerEngine:
                 f"set served_model (or the server's --served-model-name) so they match"
             )
         self.max_model_len = served[self.model].get("max_model_len")
+        self.weights = served[self.model].get("root") or None
 
     # ---- token counts (long_inputs.py), from vLLM's /tokenize at the server root ---------------------------
     @property
