@@ -31,9 +31,15 @@ def test_run_writes_per_sample_results_and_prints_a_summary(tmp_path):
     assert not (tmp_path / "two.results.jsonl.partial").exists()  # the rows as they finished: gone once complete
 
 
-def test_an_unwritable_output_fails_before_any_judge_loads(tmp_path):
+def one_row(tmp_path: Path) -> Path:
+    """The example's first row as a data file."""
     data = tmp_path / "one.jsonl"
     data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    return data
+
+
+def test_an_unwritable_output_fails_before_any_judge_loads(tmp_path):
+    data = one_row(tmp_path)
     proc = cli("run", "--model", "smollm2-135m-instruct", "-o", str(tmp_path / "missing" / "out.jsonl"), str(data),
                cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
@@ -100,11 +106,12 @@ def test_models_list_shows_the_embedded_defaults(tmp_path):
 
 
 def test_cache_info_lists_judges_and_prune_deletes_by_judge_and_age(tmp_path):
-    data = tmp_path / "one.jsonl"
-    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
-    run = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "--cache", "c.sqlite",
-              str(data), cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
+    data = one_row(tmp_path)
+    def run():
+        return cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "--cache", "c.sqlite",
+                   str(data), cwd=tmp_path)
+
+    assert run().returncode == 0
     info = cli("cache", "info", "--cache", "c.sqlite", cwd=tmp_path)
     assert info.returncode == 0, info.stderr
     assert "smollm2-135m-instruct" in info.stdout and "2 judge calls, 0 embeddings" in info.stdout
@@ -115,16 +122,13 @@ def test_cache_info_lists_judges_and_prune_deletes_by_judge_and_age(tmp_path):
     assert other.returncode == 2 and "no calls of a judge named 'qwen2.5-7b-instruct'" in other.stderr
     mine = cli("cache", "prune", "--cache", "c.sqlite", "--model", "smollm2-135m-instruct", cwd=tmp_path)
     assert mine.returncode == 0 and "deleted 2 judge calls" in mine.stdout and "0 judge calls left" in mine.stdout
-    again = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "--cache", "c.sqlite",
-                str(data), cwd=tmp_path)
-    assert "judge calls: 2 new, 0 from the cache" in again.stdout  # pruned calls are judged again
+    assert "judge calls: 2 new, 0 from the cache" in run().stdout  # pruned calls are judged again
 
 
 def test_parquet_output_holds_the_values_and_the_full_records(tmp_path):
     import pyarrow.parquet as pq
 
-    data = tmp_path / "one.jsonl"
-    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    data = one_row(tmp_path)
     proc = cli("run", "--model", "smollm2-135m-instruct", "--metrics", "context_relevance", "-o", "out.parquet",
                str(data), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -135,7 +139,6 @@ def test_parquet_output_holds_the_values_and_the_full_records(tmp_path):
 
 
 def test_ray_refuses_the_flags_of_a_server_judge(tmp_path):
-    data = tmp_path / "one.jsonl"
-    data.write_text((EXAMPLES / "quickstart.jsonl").read_text(encoding="utf-8").splitlines()[0] + "\n")
+    data = one_row(tmp_path)
     proc = cli("run", "--ray", "--base-url", "http://127.0.0.1:9/v1", str(data), cwd=tmp_path)
     assert proc.returncode == 2 and "--engine, --server and --base-url do not apply" in proc.stderr
