@@ -79,6 +79,8 @@ def test_run_starts_a_server_for_the_run_and_stops_it(env, tmp_path):
     assert started, run.stderr
     managed_url = started[0].split(" at ")[1].split(" ")[0]
     assert not is_up(managed_url)  # stopped when the run ended
+    log = Path(started[0].split("(log: ")[1].split(")")[0])
+    assert log.name.startswith("offline-eval-vllm-") and not log.exists()  # and its log removed
     got = scores(tmp_path / "out.jsonl")
     assert len(got) == 2 and all(0 <= row["answer_relevancy"] <= 1 for row in got)
 

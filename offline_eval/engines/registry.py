@@ -46,7 +46,7 @@ def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
     base_url = settings.pop("base_url", spec.settings.get("base_url"))
     managed = None
     if server == "start" or (server == "auto" and not (base_url and is_up(base_url))):
-        managed = ManagedServer(spec).start()
+        managed = ManagedServer(spec, keep_log=False).start()  # a server for this run only: its log goes with it
         base_url = managed.url
     if not base_url:
         raise EngineError(f"model {spec.name!r} (engine vllm) needs a base_url, e.g. http://127.0.0.1:8000/v1")

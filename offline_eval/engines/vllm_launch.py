@@ -110,7 +110,9 @@ class ManagedServer:
     """A vLLM server process for one models.yaml entry. Use as a context manager, or start()/stop()."""
 
     def __init__(self, spec: ModelSpec, host: str = "127.0.0.1", port: Optional[int] = None,
-                 start_timeout: Optional[float] = None):
+                 start_timeout: Optional[float] = None, keep_log: bool = True):
+        """`keep_log=False`: delete the log file when this object stops a healthy server (a server that failed
+        to start, or died on its own, keeps its log for the error message that names it)."""
         self.spec = spec
         self.host = host
         self.port = port or free_port(host)
@@ -118,6 +120,7 @@ class ManagedServer:
         self.command = server_command(spec, host, self.port)
         self.process: Optional[subprocess.Popen] = None
         self.log = Path(tempfile.mkstemp(prefix=f"offline-eval-vllm-{spec.name}-", suffix=".log")[1])
+        self.keep_log = keep_log
         self.start_seconds = 0.0
 
     @property
@@ -163,6 +166,8 @@ class ManagedServer:
             proc.wait(timeout=10)
         except ProcessLookupError:
             pass
+        if not self.keep_log and self.start_seconds:  # it started, served, and we stopped it: nothing to read
+            self.log.unlink(missing_ok=True)
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
