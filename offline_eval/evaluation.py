@@ -71,13 +71,7 @@ def evaluate(
 
     `on_record(record)` gets each row's results record (as `records()` has it) as soon as all its metrics are
     done, in completion order: the CLI appends them to a partial results file while the run goes on."""
-    rows = load_rows(dataset)
-    chosen = select_metrics(metrics, rows)
-    errors = validate(rows, chosen)
-    if errors and not skip_invalid:
-        raise ValidationError(errors)
-    bad = {e.row.number for e in errors}
-    good = [r for r in rows if r.number not in bad]
+    rows, chosen, errors, good = scorable_rows(dataset, metrics, skip_invalid)
     # One judge per run: the one given, else the first metric's, else the default.
     engine = resolve_judge(llm if llm is not None else next((m.llm for m in chosen if m.llm is not None), None))
     stats = RunStats()
@@ -92,6 +86,19 @@ def evaluate(
             store.close()
     by_row: dict[int, dict[str, MetricResult]] = {r.number: res for r, res in zip(good, results)}
     return EvaluationResult(rows, by_row, [m.name for m in chosen], errors, stats, engine.identity)
+
+
+def scorable_rows(dataset: Any, metrics: Optional[Sequence[Any]], skip_invalid: bool,
+                  ) -> tuple[list[Row], list[Metric], list[RowError], list[Row]]:
+    """The dataset's rows, the chosen metrics, every row error, and the rows to score. Invalid rows raise a
+    ValidationError listing them all, before any judge time, unless `skip_invalid`."""
+    rows = load_rows(dataset)
+    chosen = select_metrics(metrics, rows)
+    errors = validate(rows, chosen)
+    if errors and not skip_invalid:
+        raise ValidationError(errors)
+    bad = {e.row.number for e in errors}
+    return rows, chosen, errors, [r for r in rows if r.number not in bad]
 
 
 def row_record(row: Row, results: Optional[dict[str, MetricResult]],

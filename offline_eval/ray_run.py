@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .dataset import Row, load_rows, to_sample
-from .evaluation import EvaluationResult, _json_default, select_metrics, validate
+from .dataset import Row, to_sample
+from .evaluation import EvaluationResult, _json_default, scorable_rows
 from .metrics import Metric, MetricResult
 from .results_io import results_writer
 from .scheduler import RunStats
@@ -338,15 +338,8 @@ def evaluate_on_ray(
     {"gpu_memory_utilization": 0.8}, or {"n_threads": 4} for llama.cpp). `full_results=False` keeps only the
     values (and long-input notes) in the returned results (the output has everything), for datasets too large
     to hold reasons and judge calls in memory. `on_block` gets each new block's header as it finishes."""
-    rows = load_rows(rows)
-    chosen = select_metrics(metrics, rows)
-    errors = validate(rows, chosen)
-    if errors and not skip_invalid:
-        from .dataset import ValidationError
-
-        raise ValidationError(errors)
+    rows, chosen, errors, good = scorable_rows(rows, metrics, skip_invalid)
     bad = {e.row.number for e in errors}
-    good = [r for r in rows if r.number not in bad]
     spec = _model_spec(model)
     options = dict(engine_options or {})
     run = run_fingerprint(spec, chosen, embeddings, long_inputs, options)
