@@ -123,16 +123,7 @@ class JudgeCache:
         """Cached outputs by request key (JudgeRequest.key), for the requests that have one."""
         judge = identity_json(identity)
         keys = {_key(judge, k): k for k in (r.key for r in requests)}  # JudgeRequest.key hashes: once each
-        found: dict[str, JudgeOutput] = {}
-        todo = list(keys)
-        with self._lock, self._errors():
-            for start in range(0, len(todo), 500):  # stay under SQLite's bound-parameter limit
-                part = todo[start:start + 500]
-                rows = self._db.execute(
-                    f"SELECT key, output FROM judge_calls WHERE key IN ({','.join('?' * len(part))})", part)
-                for key, output in rows:
-                    found[keys[key]] = _output(json.loads(output))
-        return found
+        return {keys[key]: _output(json.loads(output)) for key, output in self._select("judge_calls", "output", keys)}
 
     def put_many(self, identity: dict[str, Any], requests: Sequence[JudgeRequest],
                  outputs: Sequence[JudgeOutput]) -> int:
@@ -149,15 +140,17 @@ class JudgeCache:
         """Cached embeddings by text, for the texts that have one."""
         model = identity_json(identity)
         keys = {_key(model, t): t for t in texts}
-        found: dict[str, np.ndarray] = {}
-        todo = list(keys)
+        return {keys[key]: np.frombuffer(blob, dtype=np.float32) for key, blob in self._select("embeddings", "vector", keys)}
+
+    def _select(self, table: str, column: str, keys: Sequence[str]) -> list[tuple[str, Any]]:
+        """(key, column) of the rows of `table` whose key is one of `keys`."""
+        keys = list(keys)
+        found: list[tuple[str, Any]] = []
         with self._lock, self._errors():
-            for start in range(0, len(todo), 500):
-                part = todo[start:start + 500]
-                rows = self._db.execute(
-                    f"SELECT key, vector FROM embeddings WHERE key IN ({','.join('?' * len(part))})", part)
-                for key, blob in rows:
-                    found[keys[key]] = np.frombuffer(blob, dtype=np.float32)
+            for start in range(0, len(keys), 500):  # stay under SQLite's bound-parameter limit
+                part = keys[start:start + 500]
+                found += self._db.execute(
+                    f"SELECT key, {column} FROM {table} WHERE key IN ({','.join('?' * len(part))})", part).fetchall()
         return found
 
     def put_vectors(self, identity: dict[str, Any], texts: Sequence[str], vectors: Sequence[np.ndarray]) -> None:
