@@ -54,8 +54,6 @@ async def _pipeline(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress
                 r.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             raise
-        finally:
-            judge.flush()
 
 
 async def _drive(task: _Task, judge: "_Judge", embed: "_Embedder") -> None:
@@ -78,7 +76,6 @@ class _Judge:
         self.progress = progress
         self.stats = stats
         self.answers: dict[str, asyncio.Future] = {}  # request key -> (output, seconds charged)
-        self.new: list[tuple[JudgeRequest, JudgeOutput]] = []  # engine outputs not yet in the cache
 
     def __call__(self, request: JudgeRequest) -> asyncio.Future:
         answer = self.answers.get(request.key)
@@ -101,15 +98,8 @@ class _Judge:
             out = await self.submit(request)
             held = time.perf_counter() - tic
         self.progress.advance(1)
-        self.new.append((request, out))
-        self.flush()
+        self.feed.record([request], [out], self.stats)  # counted, and committed to the cache at once
         return out, held / self.slots
-
-    def flush(self) -> None:
-        """Count the new outputs and store them in the cache."""
-        if self.new:
-            done, self.new = self.new, []
-            self.feed.record([r for r, _ in done], [o for _, o in done], self.stats)
 
 
 class _Embedder:
