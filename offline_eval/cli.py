@@ -91,7 +91,7 @@ def run(
     from .results_io import parquet_problem
     from .judges import close_judges, embedding_factory, llm_factory
     from . import evaluate
-    from .gate import DEFAULT_MAX_DROP, GateError, load_baseline, parse_bars
+    from .gate import GateError, load_baseline, parse_bars
     from .long_inputs import POLICIES
 
     if server not in SERVER_MODES:
@@ -133,8 +133,8 @@ def run(
             err.print(f"  {e}", highlight=False)
 
     output = output or Path(f"{data.stem}.results.jsonl")
-    if output.suffix == ".parquet" and parquet_problem():
-        raise _fail(parquet_problem(), EXIT_BAD_INPUT)
+    if output.suffix == ".parquet" and (problem := parquet_problem()):
+        raise _fail(problem, EXIT_BAD_INPUT)
     started = time.perf_counter()
     store = None
     partial = None
@@ -164,7 +164,7 @@ def run(
             out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache; "
                       f"{reused} row(s) from earlier blocks", highlight=False)
             out.print(f"per-sample results: {output}", highlight=False)
-            return _gate(result, data, summary_json, bars, base, DEFAULT_MAX_DROP if max_drop is None else max_drop)
+            return _gate(result, data, summary_json, bars, base, max_drop)
         # Opened before the judge loads, so an unusable cache fails fast.
         store = None if no_cache else JudgeCache(cache or default_path())
         if resume:
@@ -203,13 +203,14 @@ def run(
     out.print(f"per-sample results: {output}", highlight=False)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    _gate(result, data, summary_json, bars, base, DEFAULT_MAX_DROP if max_drop is None else max_drop)
+    _gate(result, data, summary_json, bars, base, max_drop)
 
 
-def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: float) -> None:
+def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: Optional[float]) -> None:
     """Write the summary JSON, then check the bars and the baseline; exit 1 if the gate fails."""
-    from .gate import check, summary_document, write_summary
+    from .gate import DEFAULT_MAX_DROP, check, summary_document, write_summary
 
+    max_drop = DEFAULT_MAX_DROP if max_drop is None else max_drop
     if summary_json:
         write_summary(summary_json, summary_document(result, str(data)))
         out.print(f"summary: {summary_json}", highlight=False)

