@@ -7,6 +7,7 @@ percentile bootstrap intervals. A prediction is `score >= threshold`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -187,6 +188,28 @@ def agreement(scores: Sequence[Optional[float]], labels: Sequence[float], positi
     out["roc"] = roc_curve(s, pos)
     out["mean_score"] = {"positive": _mean(s[pos]), "negative": _mean(s[~pos])}
     return out
+
+
+def calibration(scores: Sequence[Optional[float]], positive: Sequence[bool], bins: int = 10) -> dict[str, Any]:
+    """How far scores are from the share of positives among the samples that get them: a reliability table
+    of `bins` equal-width score bins on [0, 1] (count, mean score, share positive) and the expected
+    calibration error, sum over bins of (count / n) * |mean score - share positive|. A well calibrated 0.7
+    means that 70% of such samples are positive."""
+    values = np.array([np.nan if s is None else s for s in scores], dtype=float)
+    keep = ~np.isnan(values)
+    s, pos = values[keep], np.asarray(positive, dtype=bool)[keep]
+    if not len(s):
+        return {"ece": math.nan, "bins": []}
+    which = np.minimum((s * bins).astype(int), bins - 1)
+    table, ece = [], 0.0
+    for b in range(bins):
+        inside = which == b
+        if inside.any():
+            mean, share = float(s[inside].mean()), float(pos[inside].mean())
+            ece += inside.sum() / len(s) * abs(mean - share)
+            table.append({"lo": b / bins, "hi": (b + 1) / bins, "n": int(inside.sum()), "mean_score": mean,
+                          "positive_rate": share})
+    return {"ece": float(ece), "bins": table}
 
 
 def _mean(x: np.ndarray) -> float:

@@ -221,10 +221,10 @@ def open_cache(cache: Any) -> tuple[Optional[JudgeCache], bool]:
 def _row(output: JudgeOutput) -> str:
     return json.dumps({"text": output.text, "value": output.value, "prompt_tokens": output.prompt_tokens,
                        "completion_tokens": output.completion_tokens, "finish_reason": output.finish_reason,
-                       "meta": output.meta}, ensure_ascii=False, default=str)
+                       "probabilities": output.probabilities, "meta": output.meta}, ensure_ascii=False, default=str)
 
 
 def _output(data: dict[str, Any]) -> JudgeOutput:
     return JudgeOutput(text=data["text"], value=data["value"], prompt_tokens=data["prompt_tokens"],
                        completion_tokens=data["completion_tokens"], finish_reason=data["finish_reason"],
-                       meta={**data.get("meta", {}), "cached": True})
+                       probabilities=data.get("probabilities"), meta={**data.get("meta", {}), "cached": True})

@@ -22,6 +22,7 @@ from .dataset import DataError, ValidationError
 from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
 from .engines.vllm_launch import OFFLINE_ENV
+from .metrics.base import DEFAULT_SCORING, SCORINGS
 from .models import ModelError, Registry
 
 # No hub, no telemetry: set before anything imports huggingface_hub, transformers or vLLM.
@@ -83,6 +84,7 @@ def run(
     replica_cpus: float = REPLICA_CPUS,
     replica_gpus: Optional[float] = REPLICA_GPUS,
     block_rows: int = BLOCK_ROWS,
+    scoring: str = typer.Option(DEFAULT_SCORING, "--scoring", help="How a metric's value comes from its constrained judge answers: probability (the judge's probability of each allowed answer: expected rating, mean P(yes) over claims) or argmax (the answers alone, as Ragas). Every result records both."),
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
@@ -106,12 +108,16 @@ def run(
     if no_cache and (resume or cache):
         raise _fail(f"--no-cache contradicts {'--resume' if resume else '--cache'}: resuming reuses the cache",
                     EXIT_BAD_INPUT)
+    if scoring not in SCORINGS:
+        raise _fail(f"--scoring must be one of {', '.join(SCORINGS)}, not {scoring!r}", EXIT_BAD_INPUT)
     try:
         rows = load_rows(data)
         chosen = select_metrics(metrics.split(",") if metrics else None, rows)
         errors = validate(rows, chosen)
     except (DataError, ValueError) as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
+    for metric in chosen:  # the metrics travel to Ray replicas as they are
+        metric.scoring = scoring
     if not rows:
         raise _fail(f"{data} has no rows", EXIT_BAD_INPUT)
     try:  # checked before the judge loads, so a typo does not cost a run

@@ -26,12 +26,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .agreement import agreement, cohen_kappa, mean_difference, share_identical
+from .agreement import agreement, calibration, cohen_kappa, mean_difference, share_identical
 from .dataset import ValidationError
 from .engines.base import Engine
 from .evaluation import evaluate, validate
 from .labels import LabelledSet, is_binary, positive
 from .metrics import MetricResult, metric_by_name
+from .metrics.base import SCORINGS
 from .metrics.answer_accuracy import RATING as _AA_RATING
 from .metrics.context_relevance import RATING as _CR_RATING
 from .metrics.response_groundedness import RATING as _RG_RATING
@@ -269,9 +270,23 @@ def _judge_metric(run: MetricRun, metric: str, labels: np.ndarray, pos: np.ndarr
         tokens_per_sample=_tokens(calls) / n,
         consistency=consistency(metric, run, settings),
         scores=scores,
+        scorings=by_scoring(run.results, labels, pos, settings),
     )
     if run.reruns:
         out["rerun_scores"] = run.reruns  # so `compare --from` can re-analyse without rerunning the judge
+    return out
+
+
+def by_scoring(results: Sequence[MetricResult], labels: np.ndarray, pos: np.ndarray,
+               settings: CompareSettings) -> dict[str, Any]:
+    """Agreement and calibration of each scoring (probability, argmax) side by side, from the same judge
+    calls: every result keeps both scores."""
+    out = {}
+    for scoring in SCORINGS:
+        scores = [r.scores.get(scoring, r.value) for r in results]
+        a = agreement(scores, labels, pos, settings.threshold, settings.seed, settings.resamples)
+        out[scoring] = {k: a[k] for k in ("scored", "threshold", "auc", "kappa", "balanced_accuracy", "mean_score")}
+        out[scoring]["calibration"] = calibration(scores, pos)
     return out
 
 

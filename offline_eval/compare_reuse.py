@@ -20,7 +20,7 @@ from .dataset import DataError
 from .labels import LabelledSet
 from .metrics import MetricResult
 
-RESULT_FIELDS = ("value", "reason", "details", "judge_calls")
+RESULT_FIELDS = ("value", "reason", "details", "judge_calls", "scores")
 
 
 def load_comparison(out_dir: Path, labelled: LabelledSet, subset: Optional[LabelledSet] = None,
@@ -59,7 +59,8 @@ def _judge_run(out_dir: Path, judge: dict[str, Any], metrics: dict[str, Any], la
             raise DataError(f"{path} has no {metric} result for row {missing[0]}: it does not belong to this "
                             "comparison")
         mine = analysis["judges"][judge["name"]]
-        results = [MetricResult(**{k: records[r.number]["metrics"][metric][k] for k in RESULT_FIELDS}) for r in rows]
+        results = [MetricResult(**{k: records[r.number]["metrics"][metric].get(k, {}) for k in RESULT_FIELDS})
+                   for r in rows]
         runs[metric] = MetricRun(results, mine["seconds_per_sample"] * len(rows),
                                  [records[r.number] for r in rows], mine.get("rerun_scores", []))
     identity = {"engine": judge["engine"], "model": judge["model"]}

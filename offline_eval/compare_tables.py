@@ -75,6 +75,25 @@ def agreement_table(analysis: dict[str, Any], metric: str) -> Table:
     return Table(f"{metric}: agreement with the labels", columns, rows, note)
 
 
+def scoring_table(analysis: dict[str, Any]) -> Optional[Table]:
+    """Each scoring of each judge and metric side by side: agreement, and calibration (ECE)."""
+    rows = []
+    for metric, m in analysis["metrics"].items():
+        for name in m["ranking"]:
+            for scoring, a in (m["judges"][name].get("scorings") or {}).items():
+                means = a["mean_score"]
+                rows.append([metric, name, scoring, with_ci(a["auc"]), with_ci(a["kappa"]),
+                             with_ci(a["balanced_accuracy"]), num(a["calibration"]["ece"]),
+                             f"{num(means['positive'], 2)} / {num(means['negative'], 2)}"])
+    if not rows:
+        return None
+    note = ("probability: from the judge's probability of each allowed answer (expected rating, P(yes)); "
+            "argmax: from the answers alone (Ragas). kappa and balanced accuracy at the threshold of the agreement "
+            "tables; ECE: expected calibration error over 10 score bins (0 = a score of 0.7 means 70% positive)")
+    return Table("scorings side by side", ["metric", "judge", "scoring", "ROC-AUC", "kappa", "balanced acc.",
+                                           "ECE", "mean score pos / neg"], rows, note)
+
+
 def cost_table(analysis: dict[str, Any]) -> Table:
     columns = ["judge", "engine", "weights", "load s", "s / sample", "tokens / sample", "peak RSS",
                "RSS before load"]
@@ -135,6 +154,8 @@ def ranking_table(analysis: dict[str, Any]) -> Table:
 def all_tables(analysis: dict[str, Any]) -> list[Table]:
     tables = [ranking_table(analysis)]
     tables += [agreement_table(analysis, m) for m in analysis["metrics"]]
+    scorings = scoring_table(analysis)
+    tables += [scorings] if scorings else []
     tables.append(cost_table(analysis))
     extra = consistency_table(analysis)
     return tables + ([extra] if extra else [])

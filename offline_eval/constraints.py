@@ -13,8 +13,9 @@ case the schema allows (every token carries at least one byte), so an output can
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Iterable, Optional, Union
 
 # A string character: anything but a quote, a backslash or a control character. Excluding escapes keeps
 # the worst case at 4 UTF-8 bytes per character and keeps JSON strings single-line.
@@ -34,10 +35,15 @@ class Choice:
     def __post_init__(self) -> None:
         if not self.options or len(set(self.options)) != len(self.options):
             raise ValueError("Choice needs distinct options")
+        # Prefix-free options ("1"/"2", never "1"/"10") make the first generated token decide the option, so
+        # the judge's distribution at that one position is its distribution over the options (distribution()).
+        if any(a != b and b.startswith(a) for a in self.options for b in self.options):
+            raise ValueError(f"Choice options must not be prefixes of each other: {list(self.options)}")
 
     @property
     def key(self) -> str:
-        return "choice:" + json.dumps(list(self.options), ensure_ascii=False)
+        # "choice2": outputs carry the options' probabilities since then, so older cached answers miss once.
+        return "choice2:" + json.dumps(list(self.options), ensure_ascii=False)
 
     def gbnf(self) -> str:
         return "root ::= " + " | ".join(_gbnf_literal(o) for o in self.options) + "\n"
@@ -50,6 +56,30 @@ class Choice:
         if value not in self.options:
             raise ConstraintViolation(f"expected one of {list(self.options)}, got {text[:80]!r}")
         return value
+
+    def option_of(self, token_text: str) -> Optional[str]:
+        """The option that a first generated token spelling `token_text` begins, if any: exactly the first
+        tokens the constraint allows (a token may spell the whole option or a part, e.g. "y" of "yes")."""
+        if token_text:
+            for option in self.options:
+                if option.startswith(token_text):
+                    return option
+        return None
+
+    def distribution(self, first_tokens: Iterable[tuple[str, float]]) -> Optional[dict[str, float]]:
+        """{option: probability} from (token text, log-probability) pairs of the first generated position,
+        renormalised over the options: each token's mass goes to the option it begins; tokens no option
+        begins are dropped. None when no listed token begins an option. Options none of whose tokens is
+        listed get 0 (an engine lists at least every token with more mass than those it leaves out)."""
+        mass = dict.fromkeys(self.options, 0.0)
+        logprobs = [(o, lp) for o, lp in ((self.option_of(t), lp) for t, lp in first_tokens) if o is not None]
+        if not logprobs:
+            return None
+        top = max(lp for _, lp in logprobs)
+        for option, lp in logprobs:
+            mass[option] += math.exp(lp - top)  # relative to the largest: no underflow to an all-zero sum
+        total = sum(mass.values())
+        return {o: m / total for o, m in mass.items()}
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ def evaluate(
     cache: Any = False,
     long_inputs: str = "truncate",
     on_record: Optional[Callable[[dict[str, Any]], None]] = None,
+    scoring: Optional[str] = None,
 ) -> "EvaluationResult":
     """Score `dataset` (a file path, list of dicts, dict of columns, DataFrame or HF Dataset) with
     `metrics` (instances or names; default: all that the data's fields allow).
@@ -70,7 +71,10 @@ def evaluate(
     default) or leave that sample without a value ("error"); either way `result.warnings` names the row.
 
     `on_record(record)` gets each row's results record (as `records()` has it) as soon as all its metrics are
-    done, in completion order: the CLI appends them to a partial results file while the run goes on."""
+    done, in completion order: the CLI appends them to a partial results file while the run goes on.
+
+    `scoring`: "probability" (from the judge's option probabilities) or "argmax" (from its answers, as Ragas)
+    decides each result's `value`; both are in every result's `scores`. Default: each metric's `scoring`."""
     rows, chosen, errors, good = scorable_rows(dataset, metrics, skip_invalid)
     # One judge per run: the one given, else the first metric's, else the default.
     engine = resolve_judge(llm if llm is not None else next((m.llm for m in chosen if m.llm is not None), None))
@@ -80,7 +84,7 @@ def evaluate(
         on_sample = None if on_record is None else lambda i, res: on_record(row_record(good[i], res))
         results = run_metrics([to_sample(r) for r in good], chosen, judge=engine, embeddings=embeddings,
                               progress=progress, stats=stats, show_progress=show_progress and progress is None,
-                              cache=store, long_inputs=long_inputs, on_sample=on_sample)
+                              cache=store, long_inputs=long_inputs, on_sample=on_sample, scoring=scoring)
     finally:
         if owned:
             store.close()
@@ -110,7 +114,7 @@ def row_record(row: Row, results: Optional[dict[str, MetricResult]],
     if results is None:
         rec["skipped"] = errors or ["not scored"]
     else:
-        rec["metrics"] = {name: {"value": r.value, "reason": r.reason, "details": r.details,
+        rec["metrics"] = {name: {"value": r.value, "scores": r.scores, "reason": r.reason, "details": r.details,
                                  "judge_calls": r.judge_calls} for name, r in results.items()}
     return rec
 

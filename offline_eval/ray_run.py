@@ -279,9 +279,9 @@ def _push(heap: list, stream: Iterator[tuple]) -> None:
 
 def _result(m: dict[str, Any], full: bool) -> MetricResult:
     if full:
-        return MetricResult(m["value"], m["reason"], m["details"], m["judge_calls"])
+        return MetricResult(m["value"], m["reason"], m["details"], m["judge_calls"], m.get("scores", {}))
     notes = {"long_input": m["details"]["long_input"]} if "long_input" in m["details"] else {}
-    return MetricResult(m["value"], details=notes)
+    return MetricResult(m["value"], details=notes, scores=m.get("scores", {}))
 
 
 # ---- the run ---------------------------------------------------------------------------------------------

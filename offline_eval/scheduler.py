@@ -34,7 +34,7 @@ from .cache import JudgeCache
 from .dataset import SingleTurnSample
 from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest
 from .long_inputs import fitted_plan
-from .metrics.base import Embed, Metric, MetricResult, Plan
+from .metrics.base import DEFAULT_SCORING, Embed, Metric, MetricResult, Plan, check_scoring
 
 
 @dataclass
@@ -71,6 +71,7 @@ class _Task:
     waiting: list[Any] = field(default_factory=list)  # the stage this plan waits on
     seconds: float = 0.0  # its share of engine and embedding time
     on_done: Optional[Callable[[], None]] = None  # called once its result is set
+    scoring: str = DEFAULT_SCORING  # which of the result's scores becomes its value
 
 
 def run_metrics(
@@ -86,13 +87,18 @@ def run_metrics(
     long_inputs: str = "truncate",
     pipeline: Optional[bool] = None,
     on_sample: Optional[Callable[[int, dict[str, MetricResult]], None]] = None,
+    scoring: Optional[str] = None,
 ) -> list[dict[str, MetricResult]]:
     """Score every sample with every metric; returns, per sample, {metric name: result}. With `cache`,
     requests it holds are not sent to the engine, and new outputs are stored every `chunk_size` requests
     (default: $OFFLINE_EVAL_CHUNK, else 64). Contexts too long for the judge follow `long_inputs`
     ("truncate" or "error", see long_inputs.py). `pipeline`: run the plans pipelined (needs an engine with
     `session()`) or in waves; default: pipelined whenever the engine can. `on_sample(i, results)` is called as
-    soon as sample i has every metric's result (in completion order), e.g. to write results as they come."""
+    soon as sample i has every metric's result (in completion order), e.g. to write results as they come.
+    `scoring` ("probability" or "argmax", metrics/base.py SCORINGS) decides every result's value; default: each
+    metric's own `scoring`."""
+    if scoring is not None:
+        check_scoring(scoring)
     from .judges import resolve_embeddings, resolve_judge
 
     engine = resolve_judge(judge if judge is not None else _first(metrics, "llm"))
@@ -108,8 +114,9 @@ def run_metrics(
         from .progress import RichProgress
 
         with RichProgress() as bar:
-            return _run(samples, metrics, feed, embedder, bar, stats, long_inputs, pipelined, on_sample)
-    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, long_inputs, pipelined, on_sample)
+            return _run(samples, metrics, feed, embedder, bar, stats, long_inputs, pipelined, on_sample, scoring)
+    return _run(samples, metrics, feed, embedder, progress or Progress(), stats, long_inputs, pipelined, on_sample,
+                scoring)
 
 
 def _first(metrics: Sequence[Metric], attr: str) -> Any:
@@ -117,9 +124,10 @@ def _first(metrics: Sequence[Metric], attr: str) -> Any:
 
 
 def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats, long_inputs: str,
-         pipelined: bool, on_sample=None):
+         pipelined: bool, on_sample=None, scoring: Optional[str] = None):
     started = time.perf_counter()
-    tasks = [[_start(metric, sample, feed.engine, long_inputs) for metric in metrics] for sample in samples]
+    tasks = [[_start(metric, sample, feed.engine, long_inputs, scoring or metric.scoring) for metric in metrics]
+             for sample in samples]
     if on_sample is not None:
         _report_samples(tasks, on_sample)
     live = [t for row in tasks for t in row if t.result is None]
@@ -156,9 +164,10 @@ def _report_samples(tasks: list[list[_Task]], on_sample: Callable[[int, dict[str
                 t.on_done = functools.partial(one_done, i)
 
 
-def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str) -> _Task:
+def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str, scoring: str) -> _Task:
     """A plan for (sample, metric), run up to its first stage."""
-    task = _Task(metric, fitted_plan(metric, sample, metric.language_of(sample), engine, long_inputs))
+    task = _Task(metric, fitted_plan(metric, sample, metric.language_of(sample), engine, long_inputs),
+                 scoring=scoring)
     _advance(task, None)
     return task
 
@@ -211,7 +220,7 @@ def _advance(task: _Task, results: Optional[list[Any]]) -> None:
     try:
         task.waiting = task.plan.send(results) if results is not None else next(task.plan)
     except StopIteration as done:
-        task.result = done.value
+        task.result = done.value.scored_by(task.scoring)
         task.result.judge_calls = task.calls
         task.waiting = []
         if task.on_done is not None:

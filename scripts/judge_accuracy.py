@@ -31,6 +31,7 @@ order and statistics (offline_eval/labels.py, offline_eval/agreement.py).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections import Counter
@@ -113,6 +114,65 @@ def run_begin(args: argparse.Namespace, judge) -> None:
     if args.output:
         table.to_csv(args.output, index=False)
         print(f"\nper-row scores written to {args.output}")
+
+
+# ---- the cross-set suite: every development set, both scorings, what was tuned on marked ------------------
+
+DEV_SETS = {"begin": ("begin", "begin_dev_wow.tsv"), "citecheck": ("citecheck", "citecheck_dev_zh.jsonl"),
+            "wice": ("wice", "wice_dev_en.jsonl")}
+
+
+def balanced_rows(labelled: LabelledSet, per_set: int, seed: int) -> LabelledSet:
+    """`per_set` rows, half positive and half negative, each half in a random order fixed by `seed`."""
+    labels = np.array(labelled.labels["faithfulness"], dtype=float)
+    rng = np.random.RandomState(seed)
+    picked = []
+    for cls in (1.0, 0.0):
+        idx = np.flatnonzero(labels == cls)
+        picked += list(rng.permutation(idx)[:per_set // 2])
+    picked.sort()
+    return LabelledSet([labelled.rows[i] for i in picked],
+                       {m: [ys[i] for i in picked] for m, ys in labelled.labels.items()},
+                       labelled.source, labelled.format)
+
+
+def run_sets(args: argparse.Namespace, judge) -> None:
+    from offline_eval import evaluate
+    from offline_eval.agreement import agreement, calibration
+    from offline_eval.compare_tables import with_ci
+    from offline_eval.metrics.base import SCORINGS
+
+    tuned = set(args.tuned_on.split(",")) if args.tuned_on else set()
+    lines = ["| set | rows | metric | scoring | ROC-AUC | kappa @ 0.5 | balanced acc. @ 0.5 | ECE | mean pos / neg |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    dump = {}
+    for name in args.sets.split(","):
+        folder, file = DEV_SETS[name]
+        labelled = balanced_rows(load_labelled(Path(args.benchmarks) / folder / file), args.per_set, args.seed)
+        labels = np.array(labelled.labels["faithfulness"], dtype=float)
+        pos = labels == 1.0
+        started = time.perf_counter()
+        result = evaluate([r.data for r in labelled.rows], metrics=args.metrics, llm=judge, cache=True,
+                          show_progress=args.progress)
+        seconds = time.perf_counter() - started
+        shown = f"{name} (tuned on)" if name in tuned else name
+        print(f"{name}: {len(labels)} rows ({int(pos.sum())} positive), {seconds:.0f} s", flush=True)
+        dump[name] = {"rows": [r.number for r in labelled.rows], "labels": labels.tolist(), "metrics": {}}
+        for metric in args.metrics:
+            results = [res[metric] for res in result.results.values()]
+            dump[name]["metrics"][metric] = {s: [r.scores.get(s) for r in results] for s in SCORINGS}
+            for scoring in SCORINGS:
+                scores = [r.scores.get(scoring) for r in results]
+                a = agreement(scores, labels, pos, 0.5, args.seed, args.bootstrap)
+                ece = calibration(scores, pos)["ece"]
+                means = a["mean_score"]
+                lines.append(f"| {shown} | {a['scored']} | {metric} | {scoring} | {with_ci(a['auc'])} | "
+                             f"{with_ci(a['kappa'])} | {with_ci(a['balanced_accuracy'])} | {ece:.3f} | "
+                             f"{means['positive']:.2f} / {means['negative']:.2f} |")
+        print("\n".join(lines), flush=True)
+    if args.output:
+        Path(args.output).write_text(json.dumps({"table": lines, "sets": dump}, indent=1))
+        print(f"scores written to {args.output}")
 
 
 # ---- the sanity suite -----------------------------------------------------------------------------------
@@ -222,7 +282,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tsv", nargs="?", default=str(DEFAULT_TSV), help="BEGIN TSV file (default: %(default)s)")
-    parser.add_argument("--suite", choices=("begin", "sanity"), default="begin")
+    parser.add_argument("--suite", choices=("begin", "sets", "sanity"), default="begin")
+    parser.add_argument("--sets", default="begin,citecheck,wice", help="sets suite: development sets to score")
+    parser.add_argument("--per-set", type=int, default=40, help="sets suite: balanced rows per set")
+    parser.add_argument("--tuned-on", default="begin",
+                        help="sets suite: the sets prompts and scoring were tuned on (marked in the table; "
+                             "their figures are not accuracy)")
+    parser.add_argument("--benchmarks", default=str(REPO.parent / "shared" / "benchmarks"),
+                        help="the folder of the development sets (default: %(default)s)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
     parser.add_argument("--metrics", default=None,
                         help="comma-separated metric names (begin default: faithfulness,response_groundedness; "
                              "sanity default: context_relevance,answer_accuracy)")
@@ -241,6 +309,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(f"judge: {judge.identity.get('model')}")
     if args.suite == "sanity":
         run_sanity(args, judge)
+    elif args.suite == "sets":
+        run_sets(args, judge)
     else:
         run_begin(args, judge)
 

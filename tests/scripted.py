@@ -1,7 +1,9 @@
 """A scripted judge for testing scoring math and API shapes only (never engine behaviour).
 
 It answers each request with `answer(request)` — a function of the request's tag and messages — and
-parses the text through the request's constraint, exactly like a real engine does after decoding.
+parses the text through the request's constraint, exactly like a real engine does after decoding. For a
+Choice, `answer` may give {option: probability}: the output is then the most probable option, with those
+probabilities.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from offline_eval.constraints import Choice
 from offline_eval.engines.base import JudgeOutput, JudgeRequest
 
 
@@ -27,9 +30,12 @@ class ScriptedJudge:
         for r in requests:
             self.requests.append(r)
             value = self.answer(r)
+            probabilities = None
+            if isinstance(r.constraint, Choice) and isinstance(value, dict):  # {option: probability}
+                probabilities, value = value, max(value, key=value.get)
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             outputs.append(JudgeOutput(text=text, value=r.constraint.parse(text), prompt_tokens=10,
-                                       completion_tokens=2))
+                                       completion_tokens=2, probabilities=probabilities))
             if progress:
                 progress(1)
         return outputs

@@ -96,6 +96,9 @@ class JudgeOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
+    # For a Choice: the judge's probability of each option at the answer position, renormalised over the
+    # options (Choice.distribution); None for JSON outputs and failed calls.
+    probabilities: Optional[dict[str, float]] = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,11 +107,14 @@ class JudgeOutput:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "finish_reason": self.finish_reason,
+            **({"probabilities": self.probabilities} if self.probabilities is not None else {}),
             **({"error": self.meta["error"]} if "error" in self.meta else {}),
         }
 
 
 Progress = Callable[[int], None]  # called with the number of requests just finished
+
+TOP_LOGPROBS = 20  # logprobs asked of vLLM for a Choice (its default --max-logprobs): more than any Choice's first tokens
 
 
 class EngineError(RuntimeError):

@@ -13,6 +13,9 @@ import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
+from ..constraints import Choice
 from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
 
 
@@ -61,6 +64,7 @@ class LlamaCppEngine:
             "weights_size": self.model_path.stat().st_size,
         }
         self._grammars: dict[str, Any] = {}
+        self._first: dict[str, tuple[list[str], np.ndarray]] = {}  # per Choice: its allowed first tokens
         self._lock = threading.Lock()  # one Llama context: calls must not interleave
 
     def _grammar(self, request: JudgeRequest) -> Any:
@@ -117,7 +121,31 @@ class LlamaCppEngine:
                     progress(1)
         return outputs  # type: ignore[return-value]
 
+    def _first_tokens(self, choice: Choice) -> tuple[list[str], np.ndarray]:
+        """The tokens a Choice allows first: every option prefix that is one token ("y", "ye", "yes"), as
+        (texts, ids)."""
+        if choice.key not in self._first:
+            pairs = {}
+            for option in choice.options:
+                for end in range(1, len(option) + 1):
+                    ids = self._llm.tokenize(option[:end].encode(), add_bos=False, special=False)
+                    if len(ids) == 1:
+                        pairs[ids[0]] = option[:end]
+            self._first[choice.key] = (list(pairs.values()), np.array(list(pairs), dtype=np.intp))
+        return self._first[choice.key]
+
     def _one(self, request: JudgeRequest) -> JudgeOutput:
+        first_logits: list[np.ndarray] = []
+        watch = None
+        if isinstance(request.constraint, Choice):
+            texts, ids = self._first_tokens(request.constraint)
+
+            def watch(_input_ids: Any, logits: np.ndarray) -> np.ndarray:
+                # llama-cpp-python runs this first in its sampler chain, before the grammar masks anything:
+                # `logits` are the model's own, indexed by token id. Only the answer position is kept.
+                if not first_logits:
+                    first_logits.append(np.array(logits[ids], dtype=np.float64))
+                return logits
         try:
             result = self._llm.create_chat_completion(
                 messages=request.chat(controls=self._controls),
@@ -125,6 +153,7 @@ class LlamaCppEngine:
                 temperature=request.sampling.temperature,
                 seed=request.sampling.seed,
                 max_tokens=request.max_tokens,
+                logits_processor=[watch] if watch else None,
             )
         except ValueError as exc:  # e.g. prompt + max_tokens exceed the context window
             return JudgeOutput(text="", value=None, finish_reason="error", meta={"error": str(exc)})
@@ -146,6 +175,8 @@ class LlamaCppEngine:
             return out
         # The grammar makes anything else impossible; a violation means the constraint did not bite.
         out.value = request.constraint.parse(text)
+        if first_logits:  # logits are log-probabilities up to a constant, which renormalising removes
+            out.probabilities = request.constraint.distribution(zip(texts, first_logits[0].tolist()))
         return out
 
     def close(self) -> None:

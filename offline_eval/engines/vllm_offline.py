@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..constraints import Choice
-from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
+from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
 from .vllm_launch import OFFLINE_ENV
 
 
@@ -100,6 +100,7 @@ class VllmOfflineEngine:
             seed=request.sampling.seed,
             max_tokens=min(request.max_tokens, room),  # what the prompt leaves, as llama.cpp does
             structured_outputs=structured,
+            logprobs=TOP_LOGPROBS if isinstance(c, Choice) else None,  # the options' probabilities
         )
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
@@ -163,6 +164,9 @@ class VllmOfflineEngine:
                 f"output tokens this judge call may need (max_model_len {self.max_model_len})")
             return out
         out.value = request.constraint.parse(out.text)
+        if isinstance(request.constraint, Choice) and completion.logprobs:
+            first = completion.logprobs[0].values()  # {token id: Logprob} at the answer position
+            out.probabilities = request.constraint.distribution((lp.decoded_token or "", lp.logprob) for lp in first)
         return out
 
     def close(self) -> None:

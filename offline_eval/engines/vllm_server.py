@@ -53,7 +53,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .aio import run_sync
-from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress
 from ..constraints import Choice
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -209,6 +209,8 @@ class VllmServerEngine:
             "max_tokens": max_tokens,
             "structured_outputs": structured,
         }
+        if isinstance(c, Choice):  # the options' probabilities: the top tokens at the answer position
+            body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
         if self.chat_template_kwargs:  # e.g. {"enable_thinking": false} for Qwen3
             body["chat_template_kwargs"] = self.chat_template_kwargs
         return body
@@ -306,6 +308,8 @@ class VllmServerEngine:
             )
             return out
         out.value = request.constraint.parse(out.text)
+        if isinstance(request.constraint, Choice):
+            out.probabilities = choice_probabilities(request.constraint, choice.get("logprobs"))
         return out
 
     def close(self) -> None:
@@ -313,6 +317,17 @@ class VllmServerEngine:
         managed, self.managed = self.managed, None
         if managed is not None:
             managed.stop()
+
+
+def choice_probabilities(choice: Choice, logprobs: Optional[dict[str, Any]]) -> Optional[dict[str, float]]:
+    """The options' probabilities from a chat completion's `logprobs` (OpenAI format): the top tokens of the
+    first generated position. vLLM computes them after the structured-output mask (its default
+    logprobs mode, raw_logprobs, reads the logits the sampler gets, grammar bitmask applied), so the listed
+    tokens are the allowed ones; an option with no listed token gets 0. None if the server sent none."""
+    content = (logprobs or {}).get("content") or []
+    if not content:
+        return None
+    return choice.distribution((t["token"], t["logprob"]) for t in content[0].get("top_logprobs") or [])
 
 
 def _message(r: Any) -> str:

@@ -17,11 +17,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..dataset import SingleTurnSample
-from .base import Embed, Metric, MetricResult, Plan, verdict
+from .base import Embed, Metric, MetricResult, Plan, p_yes, verdict
 from .claims import check_claim, claims_of, extract_claims, verdict_lines
 
 
-def fbeta(tp: int, fp: int, fn: int, beta: float = 1.0) -> float:
+def fbeta(tp: float, fp: float, fn: float, beta: float = 1.0) -> float:
     """Ragas' F-beta: precision tp/(tp+fp), recall tp/(tp+fn); 1.0 when there is nothing to compare."""
     if tp + fp + fn == 0:
         return 1.0
@@ -73,11 +73,16 @@ class AnswerCorrectness(Metric):
         fp = sum(v is False for v in in_ref)
         fn = sum(v is False for v in in_resp)
         factuality = fbeta(tp, fp, fn, self.beta)
+        # Soft counts: each verdict's probability of "yes" counts as that much TP (and the rest as FP / FN).
+        p_ref = [p for p in map(p_yes, results[:len(answer)]) if p is not None]
+        p_resp = [p for p in map(p_yes, results[len(answer):len(checks)]) if p is not None]
+        soft = fbeta(sum(p_ref), sum(1 - p for p in p_ref), sum(1 - p for p in p_resp), self.beta)
         similarity = cosine(results[-1][0], results[-1][1]) if self.needs_embeddings else 0.0
         score = correctness_score(factuality, similarity, self.weights)
         reason = (f"factuality F{self.beta:g} {factuality:.2f} (TP {tp}, FP {fp}, FN {fn}), "
                   f"similarity {similarity:.2f}\nresponse claims vs reference:\n{verdict_lines(answer, in_ref)}"
                   f"\nreference claims vs response:\n{verdict_lines(truth, in_resp)}")
+        scores = {"argmax": score, "probability": correctness_score(soft, similarity, self.weights)}
         return MetricResult(score, reason, {"tp": tp, "fp": fp, "fn": fn, "factuality": factuality,
                                             "similarity": similarity, "response_claims": answer,
-                                            "reference_claims": truth})
+                                            "reference_claims": truth}, scores=scores)

@@ -22,15 +22,38 @@ from ..dataset import SingleTurnSample, ValidationError, check_row, load_rows, t
 from ..engines.base import JudgeOutput, JudgeRequest, Sampling
 
 
+# How a metric turns constrained answers into a value:
+#   probability  from the judge's probability of each option (expected rating / scale, mean P(yes) over claims)
+#   argmax       from the answers themselves (rating / scale, share of "yes"): Ragas' semantics
+# JSON answers (claims, questions, rubric grades) have no such distribution: both scorings use them as given.
+SCORINGS = ("probability", "argmax")
+DEFAULT_SCORING = "probability"  # chosen on held-out labelled sets (README, "How well the judge agrees")
+
+
+def check_scoring(scoring: str) -> str:
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, not {scoring!r}")
+    return scoring
+
+
 @dataclass
 class MetricResult:
     """A metric's score for one sample. `value` is None when the sample has nothing to score (for example
-    a response with no claims, as Ragas' NaN); `reason` explains the score in words."""
+    a response with no claims, as Ragas' NaN); `reason` explains the score in words. `scores` holds the
+    value under each scoring (SCORINGS); `value` is the one the run asked for."""
 
     value: Optional[float]
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     judge_calls: list[dict[str, Any]] = field(default_factory=list)  # raw judge outputs, in call order
+    scores: dict[str, Optional[float]] = field(default_factory=dict)
+
+    def scored_by(self, scoring: str) -> "MetricResult":
+        """This result with `value` taken from `scoring` (a metric with one scoring has it under both)."""
+        for name in SCORINGS:
+            self.scores.setdefault(name, self.value)
+        self.value = self.scores[scoring]
+        return self
 
     def __float__(self) -> float:
         return math.nan if self.value is None else float(self.value)
@@ -84,8 +107,26 @@ def rating(output: JudgeOutput, scale: float) -> Optional[float]:
     return None if output.value is None else int(output.value) / scale
 
 
+def expected_rating(output: JudgeOutput, scale: float) -> Optional[float]:
+    """The rating's expected value under the judge's option probabilities, scaled to [0, 1] (the plain
+    rating when the engine gave no probabilities); None if the call failed."""
+    if output.value is None or not output.probabilities:
+        return rating(output, scale)
+    return sum(int(o) * p for o, p in output.probabilities.items()) / scale
+
+
 def verdict(output: JudgeOutput) -> Optional[bool]:
     return None if output.value is None else output.value == "yes"
+
+
+def p_yes(output: JudgeOutput) -> Optional[float]:
+    """The judge's probability of "yes" (1 or 0 from its answer when the engine gave no probabilities);
+    None if the call failed."""
+    if output.value is None:
+        return None
+    if output.probabilities:
+        return output.probabilities["yes"]
+    return float(output.value == "yes")
 
 
 class Metric:
@@ -97,9 +138,10 @@ class Metric:
     shows_contexts: bool = False  # the first stage's prompts carry the retrieved contexts
 
     def __init__(self, llm: Any = None, embeddings: Any = None, name: Optional[str] = None,
-                 language: str = "auto"):
+                 language: str = "auto", scoring: str = DEFAULT_SCORING):
         self.llm = llm
         self.embeddings = embeddings
+        self.scoring = check_scoring(scoring)
         if name:
             self.name = name
         if language not in ("auto", "en", "zh"):
@@ -160,9 +202,9 @@ def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: 
     """The NVIDIA-style dual judge: two templates rate the same sample; each rating is scaled to [0, 1]
     and the score is the mean of the valid ones (if only one is valid, that one)."""
     outputs = yield [first, second]
-    ratings = [rating(o, scale) for o in outputs]
-    score = mean_of_valid(ratings)
+    score = mean_of_valid(rating(o, scale) for o in outputs)
+    expected = mean_of_valid(expected_rating(o, scale) for o in outputs)
     raw = [o.value for o in outputs]
     said = [f"judge {i}: {labels[r]}" for i, r in enumerate(raw, 1) if r is not None]
     reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}); " + "; ".join(said or ["no valid rating"])
-    return MetricResult(score, reason, {"ratings": raw})
+    return MetricResult(score, reason, {"ratings": raw}, scores={"argmax": score, "probability": expected})

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from ..constraints import JsonSchema, array, obj, string
 from ..engines.base import JudgeOutput, JudgeRequest
-from .base import YES_NO, MetricResult, Plan, numbered, request, verdict
+from .base import YES_NO, MetricResult, Plan, mean_of_valid, numbered, p_yes, request, verdict
 
 MAX_CLAIMS = 8
 MAX_CLAIM_CHARS = 150
@@ -113,4 +113,6 @@ def claims_supported_by(text: str, question: Optional[str], sources: Sequence[st
     verdicts = [verdict(o) for o in outputs]
     supported = sum(v is True for v in verdicts)
     reason = f"{supported}/{len(claims)} {what} claims supported by the contexts:\n" + verdict_lines(claims, verdicts)
-    return MetricResult(supported_share(verdicts), reason, {"claims": claims, "verdicts": verdicts})
+    share = supported_share(verdicts)
+    return MetricResult(share, reason, {"claims": claims, "verdicts": verdicts},
+                        scores={"argmax": share, "probability": mean_of_valid(p_yes(o) for o in outputs)})

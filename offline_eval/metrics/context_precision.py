@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..dataset import SingleTurnSample
-from .base import YES_NO, Metric, MetricResult, Plan, request, verdict
+from .base import YES_NO, Metric, MetricResult, Plan, p_yes, request, verdict
 
 _PROMPT = {
     "en": """You are given a question, its reference answer and one retrieved context.
@@ -28,15 +28,16 @@ _USER = {
 }
 
 
-def average_precision(verdicts: Sequence[Optional[bool]]) -> Optional[float]:
-    """Average precision over the ranked verdicts (failed verdicts count as not useful)."""
+def average_precision(verdicts: Sequence[Optional[float]]) -> Optional[float]:
+    """Average precision over the ranked verdicts: True/False, or the probability of "useful" (a soft
+    verdict counts that share of a hit). Failed verdicts count as not useful."""
     if not verdicts or all(v is None for v in verdicts):
         return None
-    hits, total = 0, 0.0
+    hits, total = 0.0, 0.0
     for k, useful in enumerate(verdicts, 1):
-        if useful:
-            hits += 1
-            total += hits / k
+        useful = float(useful or 0.0)
+        hits += useful
+        total += hits / k * useful
     return total / hits if hits else 0.0
 
 
@@ -52,4 +53,6 @@ class ContextPrecision(Metric):
         verdicts = [verdict(o) for o in outputs]
         marks = "".join({True: "1", False: "0", None: "?"}[v] for v in verdicts)
         reason = f"usefulness of the contexts in rank order: {marks}"
-        return MetricResult(average_precision(verdicts), reason, {"verdicts": verdicts})
+        ap = average_precision(verdicts)
+        return MetricResult(ap, reason, {"verdicts": verdicts},
+                            scores={"argmax": ap, "probability": average_precision([p_yes(o) for o in outputs])})
