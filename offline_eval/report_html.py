@@ -177,6 +177,8 @@ def compare_report(analysis: dict[str, Any]) -> str:
              table_html(tables["ranking"], "ranking")]
     for metric in analysis["metrics"]:
         parts.append(_metric_section(analysis, metric, tables[f"{metric}: agreement with the labels"]))
+    if "scorings side by side" in tables:
+        parts.append("<h2>Scorings side by side</h2>" + table_html(tables["scorings side by side"], "scorings"))
     parts.append("<h2>Cost</h2>" + table_html(tables["cost per judge"], "cost"))
     if "consistency" in tables:
         parts.append("<h2>Consistency</h2>" + table_html(tables["consistency"], "consistency"))

@@ -106,6 +106,34 @@ def test_scripted_comparison_statistics_ranking_and_recommendation(tmp_path):
     assert wide["overall"]["recommended"] == "coin"
 
 
+def test_both_scorings_side_by_side_with_calibration(tmp_path):
+    """A judge unsure of its ratings: its argmax ties every row, its probabilities still rank them."""
+    def hesitant(request):
+        if request.tag == "claims":
+            return {"claims": [user_text(request).split("Text: ", 1)[1][:150]]}
+        grounded = "Fact number" in user_text(request).rsplit("Assertion: ", 1)[-1].rsplit("Claim: ", 1)[-1]
+        if request.tag.startswith("judge"):
+            return {"0": 0.2, "1": 0.5, "2": 0.3} if grounded else {"0": 0.3, "1": 0.5, "2": 0.2}
+        return {"yes": 0.8, "no": 0.2} if grounded else {"yes": 0.6, "no": 0.4}
+
+    labelled = load_labelled(write_begin(tmp_path / "b.tsv", grounded_rows()))
+    settings = CompareSettings(resamples=50)
+    runs = run_judges(labelled, ["hesitant"], settings, loader={"hesitant": scripted(hesitant, "h", 1)}.__getitem__)
+    analysis = analyse(labelled, runs, settings)
+    by = analysis["metrics"]["response_groundedness"]["judges"]["hesitant"]["scorings"]
+    assert by["argmax"]["auc"]["value"] == 0.5 and by["probability"]["auc"]["value"] == 1.0
+    faith = analysis["metrics"]["faithfulness"]["judges"]["hesitant"]["scorings"]
+    assert faith["argmax"]["auc"]["value"] == 0.5 and faith["probability"]["auc"]["value"] == 1.0
+    # calibration: P(yes) 0.8 on positives and 0.6 on negatives (half of each): ECE = |0.8-1|/2 + |0.6-0|/2
+    assert faith["probability"]["calibration"]["ece"] == pytest.approx(0.4)
+    assert faith["argmax"]["calibration"]["ece"] == pytest.approx(0.5)  # all 1.0, half of them positive
+    from offline_eval.compare_tables import all_tables
+
+    table = next(t for t in all_tables(analysis) if t.title == "scorings side by side")
+    assert {(r[0], r[2]) for r in table.rows} == {(m, s) for m in ("faithfulness", "response_groundedness")
+                                                  for s in ("probability", "argmax")}
+
+
 def test_a_saved_comparison_is_analysed_again_exactly_as_the_live_runs(tmp_path):
     from offline_eval.compare import json_ready
     from offline_eval.compare_reuse import load_comparison

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -271,3 +272,20 @@ def test_registry_knows_both_vllm_engines(tmp_path, monkeypatch):
     spec = Registry.load().get(HF_ENTRY)
     with pytest.raises(EngineError, match=r"convert_gguf_to_hf.py smollm2-135m-instruct` \(writes .*hf/smollm2"):
         load_engine(spec, engine="vllm-offline")
+
+
+def test_choice_probabilities_come_from_the_answer_position(engine, vllm_server):
+    requests = [JudgeRequest(BANANA, RATING), JudgeRequest(POEM, Choice(("yes", "no"))),
+                JudgeRequest(BANANA, Choice(("0", "2", "4")))]
+    assert engine.body(requests[0])["top_logprobs"] >= 3  # asked for every allowed first token
+    for out, req in zip(engine.generate(requests), requests):
+        options = req.constraint.options
+        assert set(out.probabilities) == set(options)
+        assert sum(out.probabilities.values()) == pytest.approx(1.0)
+        assert max(out.probabilities, key=out.probabilities.get) == out.value  # greedy under the constraint
+    # What the server lists at the answer position: the allowed tokens carry all the probability (vLLM takes
+    # logprobs after the structured-output mask), so renormalising over them loses nothing.
+    r = need("httpx").post(f"{vllm_server.url}/chat/completions", json=engine.body(requests[0]), timeout=120)
+    top = r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    allowed = [t for t in top if RATING.option_of(t["token"])]
+    assert allowed and sum(math.exp(t["logprob"]) for t in allowed) == pytest.approx(1.0, abs=1e-3)
