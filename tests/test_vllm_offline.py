@@ -49,6 +49,11 @@ def test_choice_and_json_in_one_batch(offline):
     assert rating.text in RATING.options and rating.value == rating.text and rating.finish_reason == "stop"
     assert rating.prompt_tokens > 10 and rating.completion_tokens >= 1
     assert yes_no.value in ("yes", "no")
+    for out, choice in ((rating, RATING), (yes_no, Choice(("yes", "no")))):  # the options' probabilities
+        assert set(out.probabilities) == set(choice.options)
+        assert sum(out.probabilities.values()) == pytest.approx(1.0)
+        assert max(out.probabilities, key=out.probabilities.get) == out.value
+    assert lines.probabilities is None  # JSON has no option distribution
 
     value = json.loads(lines.text)
     assert value == lines.value and len(value["lines"]) == 3
