@@ -18,31 +18,7 @@ from offline_eval.metrics.collections import (ALL, AnswerAccuracy, AnswerCorrect
                                               ContextPrecision, ContextRecall, ContextRelevance, Faithfulness,
                                               ResponseGroundedness, RubricsScore)
 from offline_eval.metrics.rubrics import DEFAULT_WITH_REFERENCE, DEFAULT_WITHOUT_REFERENCE
-from scripted import ScriptedJudge, TableEmbeddings, user_text
-
-FAIL = "<fail>"  # as an answer: the call fails, as when an input does not fit the judge's context
-
-
-class TagJudge(ScriptedJudge):
-    """Answers each request with `answers[request.tag]`; FAIL gives an output with no value."""
-
-    def __init__(self, answers: dict[str, Any]):
-        super().__init__(lambda request: answers[request.tag])
-        self.answers = answers
-
-    def generate(self, requests, progress=None):
-        outputs = []
-        for r in requests:
-            if self.answers.get(r.tag) == FAIL:
-                self.requests.append(r)
-                outputs.append(JudgeOutput(text="", value=None, finish_reason="length",
-                                           meta={"error": "input too long"}))
-            else:
-                outputs += super().generate([r])
-            if progress:
-                progress(1)
-        return outputs
-
+from scripted import FAIL, ScriptedJudge, TableEmbeddings, TagJudge, user_text
 
 def tagged(prefix: str, answers: list[str]) -> dict[str, str]:
     """{"verdict[0]": "yes", "verdict[1]": "no", ...}"""
