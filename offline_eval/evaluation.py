@@ -12,7 +12,7 @@ from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_row
 from .metrics import ALL, Metric, MetricResult, metric_by_name
 from .metrics.base import Metric as _Metric
 from .judges import resolve_judge
-from .scheduler import Progress, RunStats, run_metrics
+from .scheduler import Progress, RunStats, failed_calls, run_metrics
 
 _ALIASES = {"answer_relevance": "answer_relevancy"}
 
@@ -111,7 +111,8 @@ def row_record(row: Row, results: Optional[dict[str, MetricResult]],
         rec["skipped"] = errors or ["not scored"]
     else:
         rec["metrics"] = {name: {"value": r.value, "reason": r.reason, "details": r.details,
-                                 "judge_calls": r.judge_calls} for name, r in results.items()}
+                                 "failed_calls": len(failed_calls(r.judge_calls)), "judge_calls": r.judge_calls}
+                          for name, r in results.items()}
     return rec
 
 
@@ -142,11 +143,15 @@ class EvaluationResult:
         return sum(valid) / len(valid) if valid else math.nan
 
     def summary(self) -> dict[str, dict[str, Any]]:
+        """Per metric: the mean (NaN if no sample has a value), the samples with and without a value, the
+        coverage (share of scored samples with a value; None without samples) and the failed judge calls."""
         out = {}
         for name in self.metric_names:
             values = self.values(name)
             valid = [v for v in values if v is not None]
-            out[name] = {"mean": self[name], "scored": len(valid), "no_value": len(values) - len(valid)}
+            failed = sum(len(failed_calls(res[name].judge_calls)) for res in self.results.values())
+            out[name] = {"mean": self[name], "scored": len(valid), "no_value": len(values) - len(valid),
+                         "coverage": len(valid) / len(values) if values else None, "failed_calls": failed}
         return out
 
     @property

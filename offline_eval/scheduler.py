@@ -213,9 +213,25 @@ def _advance(task: _Task, results: Optional[list[Any]]) -> None:
     except StopIteration as done:
         task.result = done.value
         task.result.judge_calls = task.calls
+        _note_failed_calls(task.result)
         task.waiting = []
         if task.on_done is not None:
             task.on_done()
+
+
+def failed_calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The judge call records that gave no value (e.g. an input too long for the judge's context)."""
+    return [c for c in calls if c.get("value") is None or "error" in c]
+
+
+def _note_failed_calls(result: MetricResult) -> None:
+    """Say in the reason when judge calls failed: metrics fall back on the calls that worked (the other
+    template, the other claims), which must never look like a complete score."""
+    failed = failed_calls(result.judge_calls)
+    if failed:
+        errors = "; ".join(dict.fromkeys(str(c.get("error") or "no value") for c in failed))
+        note = f"{len(failed)} of {len(result.judge_calls)} judge calls failed: {errors}"
+        result.reason = f"{result.reason}; {note}" if result.reason else note
 
 
 @dataclass
