@@ -214,7 +214,8 @@ def test_answer_relevancy_has_no_value_when_question_generation_fails():
     (["yes", "yes", "no"], 1.0),
     (["no", "no", "yes", "yes"], (1 / 3 + 2 / 4) / 2),
     (["no", "no"], 0.0),  # no useful context
-    ([FAIL, "yes"], 1 / 2),  # a failed verdict counts as not useful
+    ([FAIL, "yes"], 1.0),  # a failed verdict is no verdict: left out, never "not useful"
+    (["yes", FAIL, "no", "yes"], (1 / 1 + 2 / 3) / 2),  # ranked as yes, no, yes
     ([FAIL, FAIL], None),
 ])
 def test_context_precision_is_average_precision(verdicts, expected):
@@ -222,6 +223,8 @@ def test_context_precision_is_average_precision(verdicts, expected):
     judge = TagJudge(tagged("context", verdicts))
     result = ContextPrecision(llm=judge).score(**{**EINSTEIN, "retrieved_contexts": contexts})
     assert result.value == (None if expected is None else pytest.approx(expected))
+    failed = verdicts.count(FAIL)
+    assert (f"{failed} of {len(verdicts)} verdicts failed, left out of the ranking" in result.reason) == bool(failed)
     for i, request in enumerate(judge.requests):  # one request per context, in rank order
         assert request.tag == f"context[{i}]" and contexts[i] in user_text(request)
 

@@ -3,7 +3,8 @@
 For each retrieved context the judge says whether it was useful for arriving at the reference answer
 (yes/no). The score is the average precision of those verdicts:
     sum_k (precision@k * v_k) / (number of useful contexts)
-and 0 when no context is useful.
+and 0 when no context is useful. A verdict call that failed is no verdict: that context is left out of the
+ranking (it is not "not useful"), and the score is None when no verdict is valid.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ _USER = {
 
 
 def average_precision(verdicts: Sequence[Optional[bool]]) -> Optional[float]:
-    """Average precision over the ranked verdicts (failed verdicts count as not useful)."""
-    if not verdicts or all(v is None for v in verdicts):
+    """Average precision over the ranked verdicts, leaving out failed ones (None); None if all failed."""
+    valid = [v for v in verdicts if v is not None]
+    if not valid:
         return None
     hits, total = 0, 0.0
-    for k, useful in enumerate(verdicts, 1):
+    for k, useful in enumerate(valid, 1):
         if useful:
             hits += 1
             total += hits / k
@@ -52,4 +54,6 @@ class ContextPrecision(Metric):
         verdicts = [verdict(o) for o in outputs]
         marks = "".join({True: "1", False: "0", None: "?"}[v] for v in verdicts)
         reason = f"usefulness of the contexts in rank order: {marks}"
+        if None in verdicts:  # "?" marks them
+            reason += f" ({verdicts.count(None)} of {len(verdicts)} verdicts failed, left out of the ranking)"
         return MetricResult(average_precision(verdicts), reason, {"verdicts": verdicts})
