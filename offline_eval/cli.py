@@ -62,7 +62,7 @@ BLOCK_ROWS = typer.Option(64, "--block-rows", min=1, help="--ray: rows per block
 def run(
     data: Path = typer.Argument(..., help="Dataset: .jsonl, .json, .csv, .tsv or .parquet"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Judge model (models.yaml name or a .gguf path). Default: the registry's default judge."),
-    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metric names. Default: every metric the data's fields allow."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metric names (every row must have their fields). Default: every metric whose fields some row has, scored on the rows that have them (no value on the others)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Per-sample results: .jsonl, or .parquet. Default: <data file stem>.results.jsonl in the current directory."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Score the valid rows and record the invalid ones as skipped, instead of stopping."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Embedding model (models.yaml name or a folder)."),
@@ -113,7 +113,9 @@ def run(
     try:
         rows = load_rows(data)
         chosen = select_metrics(metrics.split(",") if metrics else None, rows)
-        errors = validate(rows, chosen)
+        errors = validate(rows, chosen, partial=not metrics)
+        # evaluate() picks the same default set itself, and with it lets rows lack some metrics' fields
+        to_score = chosen if metrics else None
     except (DataError, ValueError) as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
     if not rows:
@@ -155,7 +157,7 @@ def run(
                       f"blocks of {block_rows} rows; parts in {output}.parts/", highlight=False)
             try:
                 result = evaluate_on_ray(
-                    rows, chosen, model, replicas, output=output, num_cpus=replica_cpus, num_gpus=replica_gpus,
+                    rows, to_score, model, replicas, output=output, num_cpus=replica_cpus, num_gpus=replica_gpus,
                     embeddings=embeddings, block_rows=block_rows, address=ray_address,
                     cache=False if no_cache else str(cache) if cache else True, long_inputs=long_inputs,
                     skip_invalid=skip_invalid, full_results=False, on_block=lambda b: err.print(
@@ -181,7 +183,7 @@ def run(
         fleet = {"base_urls": urls} if len(urls) > 1 else {"base_url": urls[0]} if urls else {}
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
-        result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
+        result = evaluate(rows, metrics=to_score, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
                           show_progress=True, cache=store, long_inputs=long_inputs, on_record=partial)
     except CacheError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)

@@ -157,7 +157,11 @@ def _report_samples(tasks: list[list[_Task]], on_sample: Callable[[int, dict[str
 
 
 def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str) -> _Task:
-    """A plan for (sample, metric), run up to its first stage."""
+    """A plan for (sample, metric), run up to its first stage; no plan for a sample that lacks the metric's
+    fields (the default metric set scores each metric on the rows that have them: evaluation.validate)."""
+    lacking = [f for f in metric.required if getattr(sample, f) is None]
+    if lacking:
+        return _Task(metric, iter(()), MetricResult(None, f"row lacks {', '.join(lacking)}"))
     task = _Task(metric, fitted_plan(metric, sample, metric.language_of(sample), engine, long_inputs))
     _advance(task, None)
     return task
