@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from offline_eval.constraints import ConstraintViolation
-from offline_eval.engines.base import JudgeOutput
 from offline_eval.metrics.base import detect_language
 from offline_eval.metrics.collections import (ALL, AnswerAccuracy, AnswerCorrectness, AnswerRelevancy,
                                               ContextPrecision, ContextRecall, ContextRelevance, Faithfulness,
@@ -357,13 +356,18 @@ def any_valid_answer(request) -> Any:
     return request.constraint.options[0]
 
 
-def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
-    """The system messages of every judge call `metric_cls` makes for `sample`."""
+def requests_of(metric_cls, sample: dict, **options) -> list:
+    """Every judge request `metric_cls` makes for `sample`."""
     judge = ScriptedJudge(any_valid_answer)
     texts = [sample["user_input"], sample["response"], sample["reference"], "generated?"]
     embeddings = TableEmbeddings({t: [1.0, float(i)] for i, t in enumerate(texts)})
     metric_cls(llm=judge, embeddings=embeddings, **options).score(**sample)
-    return [system_text(r) for r in judge.requests]
+    return judge.requests
+
+
+def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
+    """The system messages of every judge call `metric_cls` makes for `sample`."""
+    return [system_text(r) for r in requests_of(metric_cls, sample, **options)]
 
 
 @pytest.mark.parametrize("metric_cls", ALL)
@@ -391,6 +395,30 @@ def test_language_can_be_forced(metric_cls):
     ("What does 北京 mean in English?", "en"),  # mostly Latin
     ("", "en"),
     ("40301 ???", "en"),  # no letters at all
+    ("日本の首都はどこですか？", "ja"),  # kanji with kana: Japanese, not Chinese
+    ("東京都人口統計", "zh"),  # kanji alone cannot be told from Chinese
+    ("アインシュタインはいつ生まれましたか？", "ja"),
+    ("서울은 한국의 수도입니까?", "ko"),
+    ("대한민국의 首都는 서울이다.", "ko"),  # hangul with some hanja
 ])
 def test_detect_language(text, lang):
     assert detect_language(text) == lang
+
+
+JA_SAMPLE = dict(user_input="アインシュタインはいつ生まれましたか？", retrieved_contexts=["アインシュタインは1879年に生まれた。"],
+                 response="アインシュタインは1879年に生まれました。", reference="1879年3月14日に生まれた。")
+KO_SAMPLE = dict(user_input="아인슈타인은 언제 태어났나요?", retrieved_contexts=["아인슈타인은 1879년에 태어났다."],
+                 response="아인슈타인은 1879년에 태어났습니다.", reference="1879년 3월 14일에 태어났다.")
+
+
+@pytest.mark.parametrize("metric_cls", ALL)
+@pytest.mark.parametrize("sample, name", [(JA_SAMPLE, "Japanese"), (KO_SAMPLE, "Korean")])
+def test_japanese_and_korean_get_english_prompts_that_ask_for_their_language(metric_cls, sample, name):
+    requests = requests_of(metric_cls, sample)
+    assert requests and not any(CJK.search(system_text(r)) for r in requests)  # never the Chinese prompts
+    hint = f"write the text you generate (claims, questions, feedback) in {name}."
+    for r in requests:  # the requests that generate text ask for the input's language; yes/no and ratings not
+        assert user_text(r).endswith(hint) is (r.tag in ("claims", "reference_claims", "questions", "rubric")), r.tag
+    forced = requests_of(metric_cls, EINSTEIN, language="ja")  # an English input, forced to Japanese
+    assert {r.tag for r in forced if user_text(r).endswith(hint.replace(name, "Japanese"))} == {
+        r.tag for r in requests if user_text(r).endswith(hint)}
