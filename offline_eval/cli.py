@@ -63,7 +63,7 @@ BLOCK_ROWS = typer.Option(64, "--block-rows", min=1, help="--ray: rows per block
 def run(
     data: Path = typer.Argument(..., help="Dataset: .jsonl, .json, .csv, .tsv or .parquet"),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Judge model (models.yaml name or a .gguf path). Default: the registry's default judge."),
-    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metric names. Default: every metric the data's fields allow."),
+    metrics: Optional[str] = typer.Option(None, "--metrics", help="Comma-separated metric names (every row must have their fields). Default: every metric whose fields some row has, scored on the rows that have them (no value on the others)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Per-sample results: .jsonl, or .parquet. Default: <data file stem>.results.jsonl in the current directory."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Score the valid rows and record the invalid ones as skipped, instead of stopping."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Embedding model (models.yaml name or a folder)."),
@@ -76,6 +76,7 @@ def run(
     fail_under: Optional[str] = typer.Option(None, "--fail-under", help="CI gate: exit 1 if a metric's mean is below its bar, e.g. faithfulness=0.9,answer_relevancy=0.8."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="CI gate: a previous run's --summary-json file or per-sample results; exit 1 if a metric's mean dropped by more than --max-drop."),
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="The largest allowed drop of a mean against --baseline (default 0.02)."),
+    min_coverage: Optional[float] = typer.Option(None, "--min-coverage", help="CI gate: the smallest share of scored samples with a value that a metric checked by --fail-under or --baseline needs (default 0.9), so a mean over a few rows never passes."),
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the per-metric summary as JSON (a --baseline for later runs)."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="vLLM server models: the server's URL (up to /v1) instead of models.yaml's; several, comma-separated, make a fleet: each request goes to the least busy server, and a failed server's requests go to the others."),
     ray: bool = typer.Option(False, "--ray", help="Run on Ray Data: judge replicas (vLLM, or llama.cpp for a GGUF model, in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
@@ -105,6 +106,9 @@ def run(
     if max_drop is not None and (baseline is None or max_drop < 0):
         raise _fail("--max-drop needs --baseline" if baseline is None else "--max-drop cannot be negative",
                     EXIT_BAD_INPUT)
+    if min_coverage is not None and (not (fail_under or baseline) or not 0 <= min_coverage <= 1):
+        raise _fail("--min-coverage needs --fail-under or --baseline" if not (fail_under or baseline)
+                    else "--min-coverage must be between 0 and 1", EXIT_BAD_INPUT)
     if no_cache and (resume or cache):
         raise _fail(f"--no-cache contradicts {'--resume' if resume else '--cache'}: resuming reuses the cache",
                     EXIT_BAD_INPUT)
@@ -113,7 +117,9 @@ def run(
     try:
         rows = load_rows(data)
         chosen = select_metrics(metrics.split(",") if metrics else None, rows)
-        errors = validate(rows, chosen)
+        errors = validate(rows, chosen, partial=not metrics)
+        # evaluate() picks the same default set itself, and with it lets rows lack some metrics' fields
+        to_score = chosen if metrics else None
     except (DataError, ValueError) as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
     for metric in chosen:  # the metrics travel to Ray replicas as they are
@@ -157,7 +163,7 @@ def run(
                       f"blocks of {block_rows} rows; parts in {output}.parts/", highlight=False)
             try:
                 result = evaluate_on_ray(
-                    rows, chosen, model, replicas, output=output, num_cpus=replica_cpus, num_gpus=replica_gpus,
+                    rows, to_score, model, replicas, output=output, num_cpus=replica_cpus, num_gpus=replica_gpus,
                     embeddings=embeddings, block_rows=block_rows, address=ray_address,
                     cache=False if no_cache else str(cache) if cache else True, long_inputs=long_inputs,
                     skip_invalid=skip_invalid, full_results=False, on_block=lambda b: err.print(
@@ -170,7 +176,7 @@ def run(
             out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache; "
                       f"{reused} row(s) from earlier blocks", highlight=False)
             out.print(f"per-sample results: {output}", highlight=False)
-            return _gate(result, data, summary_json, bars, base, max_drop)
+            return _gate(result, data, summary_json, bars, base, max_drop, min_coverage)
         # Opened before the judge loads, so an unusable cache fails fast.
         store = None if no_cache else JudgeCache(cache or default_path())
         if resume:
@@ -183,7 +189,7 @@ def run(
         fleet = {"base_urls": urls} if len(urls) > 1 else {"base_url": urls[0]} if urls else {}
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
-        result = evaluate(rows, metrics=chosen, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
+        result = evaluate(rows, metrics=to_score, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
                           show_progress=True, cache=store, long_inputs=long_inputs, on_record=partial)
     except CacheError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
@@ -209,20 +215,22 @@ def run(
     out.print(f"per-sample results: {output}", highlight=False)
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    _gate(result, data, summary_json, bars, base, max_drop)
+    _gate(result, data, summary_json, bars, base, max_drop, min_coverage)
 
 
-def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: Optional[float]) -> None:
-    """Write the summary JSON, then check the bars and the baseline; exit 1 if the gate fails."""
-    from .gate import DEFAULT_MAX_DROP, check, summary_document, write_summary
+def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: Optional[float],
+          min_coverage: Optional[float]) -> None:
+    """Write the summary JSON, then check the bars, the baseline and coverage; exit 1 if the gate fails."""
+    from .gate import DEFAULT_MAX_DROP, DEFAULT_MIN_COVERAGE, check, summary_document, write_summary
 
     max_drop = DEFAULT_MAX_DROP if max_drop is None else max_drop
+    min_coverage = DEFAULT_MIN_COVERAGE if min_coverage is None else min_coverage
     if summary_json:
         write_summary(summary_json, summary_document(result, str(data)))
         out.print(f"summary: {summary_json}", highlight=False)
     if not bars and base is None:
         return
-    verdict = check(result.summary(), result.judge, bars, base, max_drop)
+    verdict = check(result.summary(), result.judge, bars, base, max_drop, min_coverage)
     for warning in verdict.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
     title = f"gate (baseline {base.path}, max drop {max_drop:g})" if base else "gate"
@@ -239,14 +247,15 @@ def _print_summary(result, seconds: float) -> None:
     table.add_column("mean", justify="right")
     table.add_column("scored", justify="right")
     table.add_column("no value", justify="right")
-    for col in ("calls", "cached", "prompt tok", "compl. tok", "seconds"):
+    for col in ("coverage", "failed calls", "calls", "cached", "prompt tok", "compl. tok", "seconds"):
         table.add_column(col, justify="right")
     for name, s in result.summary().items():
         mean = "n/a" if math.isnan(s["mean"]) else f"{s['mean']:.4f}"
+        coverage = "n/a" if s["coverage"] is None else f"{s['coverage']:.0%}"
         m = result.stats.per_metric.get(name, {})
-        table.add_row(name, mean, str(s["scored"]), str(s["no_value"]), str(m.get("judge_calls", 0)),
-                      str(m.get("cached", 0)), str(m.get("prompt_tokens", 0)), str(m.get("completion_tokens", 0)),
-                      f"{m.get('seconds', 0.0):.1f}")
+        table.add_row(name, mean, str(s["scored"]), str(s["no_value"]), coverage, str(s["failed_calls"]),
+                      str(m.get("judge_calls", 0)), str(m.get("cached", 0)), str(m.get("prompt_tokens", 0)),
+                      str(m.get("completion_tokens", 0)), f"{m.get('seconds', 0.0):.1f}")
     out.print(table)
     st = result.stats
     skipped = len({e.row.number for e in result.errors})

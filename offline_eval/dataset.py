@@ -281,15 +281,20 @@ def check_row(row: Row, required: Iterable[str]) -> list[RowError]:
 
 
 def to_sample(row: Row) -> SingleTurnSample:
+    """The row as a sample; a field that is blank (what validation calls empty) is None, as a missing one."""
     data = row.data
     contexts = data.get("retrieved_contexts")
     return SingleTurnSample(
-        user_input=data.get("user_input"),
-        retrieved_contexts=[c for c in contexts if c.strip()] if contexts else None,
-        response=data.get("response"),
-        reference=data.get("reference"),
+        user_input=_filled(data.get("user_input")),
+        retrieved_contexts=([c for c in contexts if c.strip()] or None) if contexts else None,
+        response=_filled(data.get("response")),
+        reference=_filled(data.get("reference")),
         rubrics=data.get("rubrics"),
     )
+
+
+def _filled(text: Optional[str]) -> Optional[str]:
+    return text if text is None or text.strip() else None
 
 
 class EvaluationDataset:

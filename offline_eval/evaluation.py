@@ -12,15 +12,21 @@ from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_row
 from .metrics import ALL, Metric, MetricResult, metric_by_name
 from .metrics.base import Metric as _Metric
 from .judges import resolve_judge
-from .scheduler import Progress, RunStats, run_metrics
+from .scheduler import Progress, RunStats, failed_calls, run_metrics
 
 _ALIASES = {"answer_relevance": "answer_relevancy"}
 
 
 def default_metrics(rows: Sequence[Row]) -> list[Metric]:
-    """Every metric whose required fields the data has (in at least one row)."""
-    present = {name for row in rows for name, value in row.data.items() if value is not None}
-    return [cls() for cls in ALL if set(cls.required) <= present and cls.name != "rubrics_score"]
+    """Every metric (but the rubric score) whose required fields some row has. Each is scored on the rows that
+    have its fields; the others get no value for it ("row lacks reference"), see `validate(partial=True)`."""
+    return [cls() for cls in ALL if cls.name != "rubrics_score" and any(_has_fields(row, cls.required)
+                                                                          for row in rows)]
+
+
+def _has_fields(row: Row, fields: Sequence[str]) -> bool:
+    """The row has every field, present, non-empty and well typed."""
+    return not check_row(row, fields)
 
 
 def select_metrics(metrics: Optional[Sequence[Any]], rows: Sequence[Row]) -> list[Metric]:
@@ -40,9 +46,14 @@ def select_metrics(metrics: Optional[Sequence[Any]], rows: Sequence[Row]) -> lis
     return chosen
 
 
-def validate(rows: Sequence[Row], metrics: Sequence[Metric]) -> list[RowError]:
+def validate(rows: Sequence[Row], metrics: Sequence[Metric], partial: bool = False) -> list[RowError]:
+    """Every field error of every row. A row must have the fields of every metric, or with `partial` (the
+    default metric set) those of at least one: the others then give it no value, with the reason."""
     required = sorted({f for m in metrics for f in m.required}, key=FIELDS.index)
-    return [e for row in rows for e in check_row(row, required)]
+    if not partial:
+        return [e for row in rows for e in check_row(row, required)]
+    return [e for row in rows for e in check_row(row, ())  # wrong types are errors either way
+            or ([] if any(_has_fields(row, m.required) for m in metrics) else check_row(row, required))]
 
 
 def evaluate(
@@ -59,10 +70,12 @@ def evaluate(
     scoring: Optional[str] = None,
 ) -> "EvaluationResult":
     """Score `dataset` (a file path, list of dicts, dict of columns, DataFrame or HF Dataset) with
-    `metrics` (instances or names; default: all that the data's fields allow).
+    `metrics` (instances or names; default: every metric whose fields some row has, each scored on the rows
+    that have its fields, the others getting no value for it, with the reason "row lacks reference").
 
-    Every row is validated before the first judge call. Invalid rows raise `ValidationError` listing them
-    all, unless `skip_invalid`, which scores the rest and records the skipped rows in the result.
+    Every row is validated before the first judge call. Invalid rows (one that lacks a field of a metric
+    named in `metrics`, or a field of the wrong type) raise `ValidationError` listing them all, unless
+    `skip_invalid`, which scores the rest and records the skipped rows in the result.
 
     `cache`: True (the default cache file), a path, or a `JudgeCache`: judge calls already in it are not run
     again, and new ones are stored as they finish, so rerunning an interrupted evaluation resumes it.
@@ -98,7 +111,7 @@ def scorable_rows(dataset: Any, metrics: Optional[Sequence[Any]], skip_invalid: 
     ValidationError listing them all, before any judge time, unless `skip_invalid`."""
     rows = load_rows(dataset)
     chosen = select_metrics(metrics, rows)
-    errors = validate(rows, chosen)
+    errors = validate(rows, chosen, partial=metrics is None)
     if errors and not skip_invalid:
         raise ValidationError(errors)
     bad = {e.row.number for e in errors}
@@ -115,7 +128,8 @@ def row_record(row: Row, results: Optional[dict[str, MetricResult]],
         rec["skipped"] = errors or ["not scored"]
     else:
         rec["metrics"] = {name: {"value": r.value, "scores": r.scores, "reason": r.reason, "details": r.details,
-                                 "judge_calls": r.judge_calls} for name, r in results.items()}
+                                 "failed_calls": len(failed_calls(r.judge_calls)), "judge_calls": r.judge_calls}
+                          for name, r in results.items()}
     return rec
 
 
@@ -146,11 +160,15 @@ class EvaluationResult:
         return sum(valid) / len(valid) if valid else math.nan
 
     def summary(self) -> dict[str, dict[str, Any]]:
+        """Per metric: the mean (NaN if no sample has a value), the samples with and without a value, the
+        coverage (share of scored samples with a value; None without samples) and the failed judge calls."""
         out = {}
         for name in self.metric_names:
             values = self.values(name)
             valid = [v for v in values if v is not None]
-            out[name] = {"mean": self[name], "scored": len(valid), "no_value": len(values) - len(valid)}
+            failed = sum(len(failed_calls(res[name].judge_calls)) for res in self.results.values())
+            out[name] = {"mean": self[name], "scored": len(valid), "no_value": len(values) - len(valid),
+                         "coverage": len(valid) / len(values) if values else None, "failed_calls": failed}
         return out
 
     @property

@@ -1,12 +1,14 @@
-"""The CI gate of `offline-eval run`: minimum means (--fail-under) and regressions against a baseline
-(--baseline, --max-drop).
+"""The CI gate of `offline-eval run`: minimum means (--fail-under), regressions against a baseline
+(--baseline, --max-drop), and for every metric it checks, a minimum coverage (--min-coverage): the share of
+scored samples with a value, so that a mean over a few rows (the others failed or had no value) never passes.
 
 A baseline is either a previous run's per-sample results (the JSONL `run` writes; it does not name its judge)
 or the summary JSON that `run --summary-json FILE` writes:
 
     {"format": "offline-eval-summary", "version": 1, "data": "eval.jsonl", "created": "...",
      "judge": {"model": ..., "engine": ..., ...}, "samples": 20, "skipped": 0,
-     "metrics": {"faithfulness": {"mean": 0.91, "scored": 19, "no_value": 1}, ...}}
+     "metrics": {"faithfulness": {"mean": 0.91, "scored": 19, "no_value": 1, "coverage": 0.95,
+                                  "failed_calls": 2}, ...}}
 
 Means are compared per metric present in both; `mean` is null when no sample had a value.
 """
@@ -24,6 +26,7 @@ from .metrics import METRIC_ALIASES
 
 SUMMARY_FORMAT = "offline-eval-summary"
 DEFAULT_MAX_DROP = 0.02
+DEFAULT_MIN_COVERAGE = 0.9  # a gated metric needs a value on at least 90% of the scored samples
 _EPSILON = 1e-9  # means are float sums: a drop equal to the allowance must pass
 
 
@@ -154,9 +157,10 @@ class Verdict:
 
 
 def check(summary: dict[str, dict[str, Any]], judge: dict[str, Any], bars: dict[str, float],
-          baseline: Optional[Baseline] = None, max_drop: float = DEFAULT_MAX_DROP) -> Verdict:
+          baseline: Optional[Baseline] = None, max_drop: float = DEFAULT_MAX_DROP,
+          min_coverage: float = DEFAULT_MIN_COVERAGE) -> Verdict:
     """Judge a run's summary ({metric: {"mean", "scored", "no_value"}}, means NaN when nothing was scored)
-    against the bars and the baseline."""
+    against the bars and the baseline; every metric either checks must also reach `min_coverage`."""
     verdict = Verdict()
     for name, bar in bars.items():
         mean, scored = _mean_of(summary[name]), summary[name]["scored"]
@@ -169,6 +173,14 @@ def check(summary: dict[str, dict[str, Any]], judge: dict[str, Any], bars: dict[
                           f"{name} below {bar:g}")
     if baseline is not None:
         _against(verdict, summary, judge, baseline, max_drop)
+    gated = [*bars, *(n for n in summary if baseline is not None and baseline.means.get(n) is not None)]
+    for name in dict.fromkeys(gated):
+        scored, total = summary[name]["scored"], summary[name]["scored"] + summary[name]["no_value"]
+        if scored:  # no value at all has failed above, with its own message
+            ok = scored >= min_coverage * total - _EPSILON
+            verdict.check(ok, f"{name}: coverage {scored}/{total} samples with a value ({scored / total:.0%}) "
+                              f"{'>=' if ok else '<'} {min_coverage:.0%}",
+                          f"{name} has a value on only {scored} of {total} samples")
     return verdict
 
 

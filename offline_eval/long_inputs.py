@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 from .dataset import SingleTurnSample
 from .engines.base import TEMPLATE_MARGIN, JudgeRequest, prompt_token_counts
-from .metrics.base import Metric, MetricResult, Plan
+from .metrics.base import Metric, MetricResult, Plan, plan_in, probes_in
 
 POLICIES = ("truncate", "error")
 SAFETY = 8  # tokens kept free: a claim check's claim is estimated, not known
@@ -41,7 +41,7 @@ def fitted_plan(metric: Metric, sample: SingleTurnSample, lang: str, engine: Any
     fit = fit_contexts(metric, sample, lang, engine, policy)
     if fit.sample is None:
         return MetricResult(None, f"not scored: {fit.note}", {"long_input": fit.note})
-    result = yield from metric.plan(fit.sample, lang)
+    result = yield from plan_in(metric, fit.sample, lang)
     if fit.note:
         result.details["long_input"] = fit.note
     return result
@@ -53,7 +53,7 @@ def fit_contexts(metric: Metric, sample: SingleTurnSample, lang: str, engine: An
     size = getattr(engine, "context_size", None)
     if not (sample.retrieved_contexts and size and hasattr(engine, "count_tokens")):
         return Fit(sample)
-    probes = metric.context_probes(sample, lang)
+    probes = probes_in(metric, sample, lang)
     if not probes or all(_surely_fits(r, size) for r in probes):
         return Fit(sample)
     over = _overflow(engine, probes, size)
@@ -70,7 +70,7 @@ def fit_contexts(metric: Metric, sample: SingleTurnSample, lang: str, engine: An
         if not any(c.strip() for c in contexts):
             break
         trial = dataclasses.replace(sample, retrieved_contexts=contexts)
-        over = _overflow(engine, metric.context_probes(trial, lang), size)
+        over = _overflow(engine, probes_in(metric, trial, lang), size)
         sizes = engine.count_tokens(contexts)
         if over <= 0:
             cuts = ", ".join(f"context {i} from {a} to {b} tokens"

@@ -54,7 +54,7 @@ from .dataset import Row, to_sample
 from .evaluation import EvaluationResult, _json_default, scorable_rows
 from .metrics import Metric, MetricResult
 from .results_io import results_writer
-from .scheduler import RunStats
+from .scheduler import RunStats, failed_calls
 
 PART_FORMAT = 1
 # Ray reads these when it is imported: no usage stats, and no outward-address lookup for a local instance.
@@ -281,7 +281,9 @@ def _result(m: dict[str, Any], full: bool) -> MetricResult:
     if full:
         return MetricResult(m["value"], m["reason"], m["details"], m["judge_calls"], m.get("scores", {}))
     notes = {"long_input": m["details"]["long_input"]} if "long_input" in m["details"] else {}
-    return MetricResult(m["value"], details=notes, scores=m.get("scores", {}))
+    # only the failed calls (few), which the summary counts
+    return MetricResult(m["value"], details=notes, judge_calls=failed_calls(m["judge_calls"]),
+                        scores=m.get("scores", {}))
 
 
 # ---- the run ---------------------------------------------------------------------------------------------

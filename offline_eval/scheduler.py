@@ -165,7 +165,11 @@ def _report_samples(tasks: list[list[_Task]], on_sample: Callable[[int, dict[str
 
 
 def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str, scoring: str) -> _Task:
-    """A plan for (sample, metric), run up to its first stage."""
+    """A plan for (sample, metric), run up to its first stage; no plan for a sample that lacks the metric's
+    fields (the default metric set scores each metric on the rows that have them: evaluation.validate)."""
+    lacking = [f for f in metric.required if getattr(sample, f) is None]
+    if lacking:
+        return _Task(metric, iter(()), MetricResult(None, f"row lacks {', '.join(lacking)}").scored_by(scoring))
     task = _Task(metric, fitted_plan(metric, sample, metric.language_of(sample), engine, long_inputs),
                  scoring=scoring)
     _advance(task, None)
@@ -222,9 +226,25 @@ def _advance(task: _Task, results: Optional[list[Any]]) -> None:
     except StopIteration as done:
         task.result = done.value.scored_by(task.scoring)
         task.result.judge_calls = task.calls
+        _note_failed_calls(task.result)
         task.waiting = []
         if task.on_done is not None:
             task.on_done()
+
+
+def failed_calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The judge call records that gave no value (e.g. an input too long for the judge's context)."""
+    return [c for c in calls if c.get("value") is None or "error" in c]
+
+
+def _note_failed_calls(result: MetricResult) -> None:
+    """Say in the reason when judge calls failed: metrics fall back on the calls that worked (the other
+    template, the other claims), which must never look like a complete score."""
+    failed = failed_calls(result.judge_calls)
+    if failed:
+        errors = "; ".join(dict.fromkeys(str(c.get("error") or "no value") for c in failed))
+        note = f"{len(failed)} of {len(result.judge_calls)} judge calls failed: {errors}"
+        result.reason = f"{result.reason}; {note}" if result.reason else note
 
 
 @dataclass

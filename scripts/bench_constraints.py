@@ -28,7 +28,7 @@ so the ImportError is only printed to stderr and decoding continues *unconstrain
 re-runs the rating prompts in a subprocess where `import numba` fails (sys.modules["numba"] = None; nothing is
 uninstalled) to show it.
 
-  OFFLINE_EVAL_CACHE_DIR=/work/cache python scripts/bench_constraints.py --threads 1
+  python scripts/bench_constraints.py --threads 1   (OFFLINE_EVAL_CACHE_DIR=DIR: where the weights are assembled)
 """
 
 from __future__ import annotations

@@ -44,6 +44,30 @@ class ScriptedJudge:
         pass
 
 
+FAIL = "<fail>"  # as an answer: the call fails, as when an input does not fit the judge's context
+
+
+class TagJudge(ScriptedJudge):
+    """Answers each request with `answers[request.tag]`; FAIL gives an output with no value."""
+
+    def __init__(self, answers: dict[str, Any]):
+        super().__init__(lambda request: answers[request.tag])
+        self.answers = answers
+
+    def generate(self, requests, progress=None):
+        outputs = []
+        for r in requests:
+            if self.answers.get(r.tag) == FAIL:
+                self.requests.append(r)
+                outputs.append(JudgeOutput(text="", value=None, finish_reason="length",
+                                           meta={"error": "input too long"}))
+            else:
+                outputs += super().generate([r])
+            if progress:
+                progress(1)
+        return outputs
+
+
 class Pipelined:
     """`judge` (a ScriptedJudge) with the async `session()` of a server engine, so the scheduler runs it
     pipelined. At most `max_concurrency` requests are in flight; each takes `delay(request)` seconds (default:

@@ -158,7 +158,8 @@ def test_evaluate_means_leave_out_samples_without_a_value():
     assert results["faithfulness"] == pytest.approx(0.75)
     assert results.values("answer_relevancy") == pytest.approx([1.0, (1 + 0.6 + 0.8) / 3, 0.0])
     assert results["answer_relevancy"] == pytest.approx(0.6)
-    assert results.summary()["faithfulness"] == {"mean": pytest.approx(0.75), "scored": 2, "no_value": 1}
+    assert results.summary()["faithfulness"] == {"mean": pytest.approx(0.75), "scored": 2, "no_value": 1,
+                                                 "coverage": pytest.approx(2 / 3), "failed_calls": 0}
 
 
 def test_answer_relevance_is_an_alias_in_results_and_metric_names():

@@ -285,3 +285,40 @@ def test_ground_truths_lists_in_a_pandas_csv_are_joined_like_everywhere_else(tmp
     from_csv = load_rows(tmp_path / "d.csv")[0].data
     assert from_csv == load_rows(rows)[0].data == {"user_input": "q", "response": "a",
                                                     "retrieved_contexts": ["c1", "c2"], "reference": "r1\nr2"}
+
+
+# ---- the default metric set on rows with different fields ----------------------------------------------
+
+RETRIEVAL_ROWS = [
+    dict(user_input="q1", retrieved_contexts=["c1"], reference="r1"),
+    dict(user_input="q2", retrieved_contexts=["c2"]),
+    dict(user_input="q3", retrieved_contexts=["c3"], reference="  "),  # blank: lacks it too
+]
+
+
+def yes_judge() -> ScriptedJudge:
+    return ScriptedJudge(lambda r: {"claims": ["A claim."]} if r.tag == "reference_claims" else r.constraint.options[0])
+
+
+def test_default_metrics_score_each_metric_on_the_rows_that_have_its_fields():
+    judge = yes_judge()
+    result = evaluate(RETRIEVAL_ROWS, llm=judge, show_progress=False)
+    assert result.metric_names == ["context_relevance", "context_precision", "context_recall"]
+    assert None not in result.values("context_relevance")  # one row with a reference invalidates no other row
+    for name in ("context_precision", "context_recall"):
+        assert result.values(name)[0] is not None and result.values(name)[1:] == [None, None]
+        assert [res[name].reason for n, res in result.results.items() if n > 1] == ["row lacks reference"] * 2
+        assert result.summary()[name]["coverage"] == pytest.approx(1 / 3)
+    # the judge never saw a reference-less row for a metric that needs one
+    assert {r.tag for r in judge.requests if "q2" in r.messages[-1][1] or "q3" in r.messages[-1][1]} == {
+        "judge1", "judge2"}
+
+
+def test_a_row_with_the_fields_of_no_default_metric_is_invalid():
+    with pytest.raises(ValidationError, match=r"row 2: field 'retrieved_contexts' is missing"):
+        evaluate([RETRIEVAL_ROWS[0], dict(user_input="q2")], llm=yes_judge(), show_progress=False)
+
+
+def test_named_metrics_still_need_their_fields_on_every_row():
+    with pytest.raises(ValidationError, match=r"row 2: field 'reference' is missing"):
+        evaluate(RETRIEVAL_ROWS, metrics=["context_recall"], llm=yes_judge(), show_progress=False)

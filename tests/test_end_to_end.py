@@ -20,12 +20,31 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
+class Recording:
+    """The real engine, keeping every request it is sent."""
+
+    def __init__(self, engine):
+        self.engine, self.requests = engine, []
+
+    def generate(self, requests, progress=None):
+        self.requests += requests
+        return self.engine.generate(requests, progress)
+
+    def __getattr__(self, name):  # identity, token counting, context size: the engine's own
+        return getattr(self.engine, name)
+
+
 @pytest.fixture(scope="module")
-def quickstart_result(smollm, minilm):
+def recorded(smollm):
+    return Recording(smollm)
+
+
+@pytest.fixture(scope="module")
+def quickstart_result(recorded, minilm):
     metrics = ["answer_accuracy", "context_relevance", "response_groundedness", "faithfulness",
                "answer_relevancy", "context_precision", "context_recall", "answer_correctness",
                "rubrics_score"]
-    return evaluate(EXAMPLES / "quickstart.jsonl", metrics=metrics, llm=smollm, embeddings=minilm,
+    return evaluate(EXAMPLES / "quickstart.jsonl", metrics=metrics, llm=recorded, embeddings=minilm,
                     show_progress=False)
 
 
@@ -50,11 +69,14 @@ def test_every_metric_runs_end_to_end(quickstart_result, tmp_path):
     assert result.stats.judge_calls > 0 and result.stats.prompt_tokens > 0
 
 
-def test_chinese_rows_get_chinese_prompts(quickstart_result):
+def test_chinese_rows_get_chinese_prompts(quickstart_result, recorded):
     beijing = next(r for r in quickstart_result.records() if r["user_input"] == "介绍一下北京。")
-    # the judge was asked in Chinese: claim extraction output and question generation are Chinese text
+    asked = [r for r in recorded.requests if beijing["response"] in r.messages[-1][1]]
+    # every metric that shows the response asked about it, each time with Chinese instructions
+    assert {r.tag for r in asked} >= {"judge1", "judge2", "claims", "questions", "rubric"}
+    assert all(CJK.match(r.messages[0][1].strip()) for r in asked), [r.messages[0][1][:30] for r in asked]
     claims = beijing["metrics"]["faithfulness"]["details"].get("claims") or []
-    assert all(CJK.search(c) for c in claims)
+    assert all(CJK.search(c) for c in claims)  # what it wrote, if anything, is Chinese
 
 
 def test_reruns_give_identical_scores(quickstart_result, smollm, minilm):

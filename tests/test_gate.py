@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from offline_eval.gate import GateError, check, load_baseline, parse_bars, summary_document
+from offline_eval.gate import DEFAULT_MIN_COVERAGE, GateError, check, load_baseline, parse_bars, summary_document
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 JUDGE = {"engine": "llamacpp", "model": "smollm2-135m-instruct"}
@@ -52,6 +52,41 @@ def test_a_mean_below_its_bar_fails_and_at_the_bar_passes():
 def test_a_metric_without_scored_samples_fails_and_says_why():
     verdict = check(summary(faithfulness=None), JUDGE, {"faithfulness": 0.0})
     assert verdict.failed and "no scored samples (4 without a value)" in verdict.lines[0]
+
+
+def covered(mean: float, scored: int, no_value: int) -> dict:
+    return {"mean": mean, "scored": scored, "no_value": no_value}
+
+
+def test_a_good_mean_over_too_few_rows_fails_on_coverage():
+    run = {"faithfulness": covered(0.95, 1, 99)}  # 99 rows failed or had no value
+    verdict = check(run, JUDGE, {"faithfulness": 0.9})
+    assert verdict.failures == ["faithfulness has a value on only 1 of 100 samples"]
+    assert "FAIL faithfulness: coverage 1/100 samples with a value (1%) < 90%" in verdict.lines
+
+
+@pytest.mark.parametrize("scored, no_value, min_coverage, ok", [
+    (9, 1, 0.9, True),  # exactly the default minimum passes
+    (8, 2, 0.9, False),
+    (8, 2, 0.8, True),  # a lower minimum, as --min-coverage gives
+    (1, 99, 0.0, True),
+])
+def test_coverage_minimum(scored, no_value, min_coverage, ok):
+    verdict = check({"faithfulness": covered(0.95, scored, no_value)}, JUDGE, {"faithfulness": 0.9},
+                    min_coverage=min_coverage)
+    assert verdict.failed is not ok
+
+
+def test_metrics_compared_with_a_baseline_need_coverage_too(tmp_path):
+    base = load_baseline(write_summary(tmp_path / "s.json", faithfulness=0.9, answer_relevancy=0.5))
+    verdict = check({"faithfulness": covered(0.9, 5, 5), "answer_relevancy": covered(0.5, 10, 0)}, JUDGE, {}, base)
+    assert verdict.failures == ["faithfulness has a value on only 5 of 10 samples"]
+    assert "ok   answer_relevancy: coverage 10/10 samples with a value (100%) >= 90%" in verdict.lines
+
+
+def test_the_default_minimum_coverage_is_documented():
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    assert DEFAULT_MIN_COVERAGE == 0.9 and "`--min-coverage` (default 0.9)" in readme
 
 
 def write_summary(path: Path, judge=JUDGE, **means) -> Path:
@@ -161,12 +196,14 @@ def test_run_exits_1_below_a_bar_and_0_against_its_own_baseline(tmp_path):
     assert "FAIL context_relevance: mean" in failed.stdout and "< 1.01" in failed.stdout
     assert "gate failed: context_relevance below 1.01" in failed.stderr
     assert len((tmp_path / "two.results.jsonl").read_text().splitlines()) == 2  # results still written
-    assert json.loads((tmp_path / "s.json").read_text())["metrics"]["context_relevance"]["scored"] == 2
+    written = json.loads((tmp_path / "s.json").read_text())["metrics"]["context_relevance"]
+    assert written["scored"] == 2 and written["coverage"] == 1.0 and written["failed_calls"] == 0
 
     passed = cli(*run, "--fail-under", "context_relevance=0", "--baseline", "s.json", "--max-drop", "0",
                  cwd=tmp_path)  # same judge, same data, deterministic: no drop
     assert passed.returncode == 0, passed.stderr
     assert "ok   context_relevance: baseline" in passed.stdout and "gate passed" in passed.stdout
+    assert "ok   context_relevance: coverage 2/2 samples with a value (100%) >= 90%" in passed.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -174,6 +211,8 @@ def test_run_exits_1_below_a_bar_and_0_against_its_own_baseline(tmp_path):
     (("--fail-under", "context_relevance"), "expected METRIC=NUMBER"),
     (("--baseline", "missing.json"), "cannot read the baseline"),
     (("--max-drop", "0.1"), "--max-drop needs --baseline"),
+    (("--min-coverage", "0.5"), "--min-coverage needs --fail-under or --baseline"),
+    (("--fail-under", "context_relevance=0.5", "--min-coverage", "1.5"), "--min-coverage must be between 0 and 1"),
     (("--long-inputs", "shorten"), "--long-inputs must be one of truncate, error"),
 ])
 def test_bad_gate_flags_exit_2_before_any_model_loads(tmp_path, args, message):

@@ -46,7 +46,7 @@ def test_a_cached_rerun_is_identical_and_calls_no_model(smollm, tmp_path, monkey
 def run_cli(*args: str, cwd: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "OFFLINE_EVAL_THREADS": "1"}
     command = [sys.executable, "-m", "offline_eval.cli", "run", "--model", "smollm2-135m-instruct",
-               "--metrics", "faithfulness", *args]
+               "--metrics", "faithfulness", "--long-inputs", "error", *args]
     return subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, **popen)
 
@@ -64,15 +64,22 @@ def scores(path: Path) -> list[dict]:
 
 
 def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
-    data = first_rows(4, tmp_path / "four.jsonl")
+    data = first_rows(4, tmp_path / "five.jsonl")
+    # row 5's context cannot fit the judge (n_ctx 8192): with --long-inputs error it is done before any judge
+    # call, so the killed run has surely finished a row for its partial file
+    long_row = {**json.loads(data.read_text(encoding="utf-8").splitlines()[0]),
+                "retrieved_contexts": ["The sea is wide and deep. " * 1500]}
+    with data.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(long_row) + "\n")
     full_new, full_cached = finish(run_cli("--cache", "full.sqlite", "-o", "full.jsonl", str(data), cwd=tmp_path))
     assert full_cached == 0 and full_new > 4
 
     output = tmp_path / "resumed.jsonl"
     output.write_text("previous results\n")
     killed = run_cli("--cache", "resume.sqlite", "-o", output.name, str(data), cwd=tmp_path)
+    partial = tmp_path / f"{output.name}.partial"  # the rows it finished, as they finished
     deadline, seen = time.monotonic() + 120, set()
-    while max(seen, default=0) < 4:
+    while max(seen, default=0) < 4 or not (partial.exists() and partial.read_text(encoding="utf-8")):
         assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()[1]
         seen.add(stored_calls(tmp_path / "resume.sqlite"))
         time.sleep(0.05)
@@ -84,14 +91,15 @@ def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
     stored = stored_calls(tmp_path / "resume.sqlite")
     assert 4 <= stored < full_new
     assert output.read_text() == "previous results\n"  # kept: the killed run never wrote a partial file
-    partial = tmp_path / f"{output.name}.partial"  # but the rows it finished, as they finished
     finished = [json.loads(line) for line in partial.read_text(encoding="utf-8").splitlines()]
+    assert 5 in [r["row"] for r in finished] and len(finished) < 5
 
     new, cached = finish(run_cli("--cache", "resume.sqlite", "--resume", "-o", output.name, str(data),
                                  cwd=tmp_path))
     assert cached == stored and new == full_new - stored and new < full_new
     assert scores(output) == scores(tmp_path / "full.jsonl")
     final = {r["row"]: r for r in map(json.loads, output.read_text(encoding="utf-8").splitlines())}
-    assert all(final[r["row"]]["metrics"]["faithfulness"]["value"] == r["metrics"]["faithfulness"]["value"]
-               for r in finished)
+    for r in finished:
+        assert {k: final[r["row"]]["metrics"]["faithfulness"][k] for k in ("value", "reason")} == \
+            {k: r["metrics"]["faithfulness"][k] for k in ("value", "reason")}
     assert not partial.exists()

@@ -12,37 +12,12 @@ import numpy as np
 import pytest
 
 from offline_eval.constraints import ConstraintViolation
-from offline_eval.engines.base import JudgeOutput
 from offline_eval.metrics.base import detect_language
 from offline_eval.metrics.collections import (ALL, AnswerAccuracy, AnswerCorrectness, AnswerRelevancy,
                                               ContextPrecision, ContextRecall, ContextRelevance, Faithfulness,
                                               ResponseGroundedness, RubricsScore)
 from offline_eval.metrics.rubrics import DEFAULT_WITH_REFERENCE, DEFAULT_WITHOUT_REFERENCE
-from scripted import ScriptedJudge, TableEmbeddings, user_text
-
-FAIL = "<fail>"  # as an answer: the call fails, as when an input does not fit the judge's context
-
-
-class TagJudge(ScriptedJudge):
-    """Answers each request with `answers[request.tag]`; FAIL gives an output with no value."""
-
-    def __init__(self, answers: dict[str, Any]):
-        super().__init__(lambda request: answers[request.tag])
-        self.answers = answers
-
-    def generate(self, requests, progress=None):
-        outputs = []
-        for r in requests:
-            if self.answers.get(r.tag) == FAIL:
-                self.requests.append(r)
-                outputs.append(JudgeOutput(text="", value=None, finish_reason="length",
-                                           meta={"error": "input too long"}))
-            else:
-                outputs += super().generate([r])
-            if progress:
-                progress(1)
-        return outputs
-
+from scripted import FAIL, ScriptedJudge, TableEmbeddings, TagJudge, user_text
 
 def tagged(prefix: str, answers: list[str]) -> dict[str, str]:
     """{"verdict[0]": "yes", "verdict[1]": "no", ...}"""
@@ -238,7 +213,8 @@ def test_answer_relevancy_has_no_value_when_question_generation_fails():
     (["yes", "yes", "no"], 1.0),
     (["no", "no", "yes", "yes"], (1 / 3 + 2 / 4) / 2),
     (["no", "no"], 0.0),  # no useful context
-    ([FAIL, "yes"], 1 / 2),  # a failed verdict counts as not useful
+    ([FAIL, "yes"], 1.0),  # a failed verdict is no verdict: left out, never "not useful"
+    (["yes", FAIL, "no", "yes"], (1 / 1 + 2 / 3) / 2),  # ranked as yes, no, yes
     ([FAIL, FAIL], None),
 ])
 def test_context_precision_is_average_precision(verdicts, expected):
@@ -246,6 +222,8 @@ def test_context_precision_is_average_precision(verdicts, expected):
     judge = TagJudge(tagged("context", verdicts))
     result = ContextPrecision(llm=judge).score(**{**EINSTEIN, "retrieved_contexts": contexts})
     assert result.value == (None if expected is None else pytest.approx(expected))
+    failed = verdicts.count(FAIL)
+    assert (f"{failed} of {len(verdicts)} verdicts failed, left out of the ranking" in result.reason) == bool(failed)
     for i, request in enumerate(judge.requests):  # one request per context, in rank order
         assert request.tag == f"context[{i}]" and contexts[i] in user_text(request)
 
@@ -378,13 +356,18 @@ def any_valid_answer(request) -> Any:
     return request.constraint.options[0]
 
 
-def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
-    """The system messages of every judge call `metric_cls` makes for `sample`."""
+def requests_of(metric_cls, sample: dict, **options) -> list:
+    """Every judge request `metric_cls` makes for `sample`."""
     judge = ScriptedJudge(any_valid_answer)
     texts = [sample["user_input"], sample["response"], sample["reference"], "generated?"]
     embeddings = TableEmbeddings({t: [1.0, float(i)] for i, t in enumerate(texts)})
     metric_cls(llm=judge, embeddings=embeddings, **options).score(**sample)
-    return [system_text(r) for r in judge.requests]
+    return judge.requests
+
+
+def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
+    """The system messages of every judge call `metric_cls` makes for `sample`."""
+    return [system_text(r) for r in requests_of(metric_cls, sample, **options)]
 
 
 @pytest.mark.parametrize("metric_cls", ALL)
@@ -412,6 +395,30 @@ def test_language_can_be_forced(metric_cls):
     ("What does 北京 mean in English?", "en"),  # mostly Latin
     ("", "en"),
     ("40301 ???", "en"),  # no letters at all
+    ("日本の首都はどこですか？", "ja"),  # kanji with kana: Japanese, not Chinese
+    ("東京都人口統計", "zh"),  # kanji alone cannot be told from Chinese
+    ("アインシュタインはいつ生まれましたか？", "ja"),
+    ("서울은 한국의 수도입니까?", "ko"),
+    ("대한민국의 首都는 서울이다.", "ko"),  # hangul with some hanja
 ])
 def test_detect_language(text, lang):
     assert detect_language(text) == lang
+
+
+JA_SAMPLE = dict(user_input="アインシュタインはいつ生まれましたか？", retrieved_contexts=["アインシュタインは1879年に生まれた。"],
+                 response="アインシュタインは1879年に生まれました。", reference="1879年3月14日に生まれた。")
+KO_SAMPLE = dict(user_input="아인슈타인은 언제 태어났나요?", retrieved_contexts=["아인슈타인은 1879년에 태어났다."],
+                 response="아인슈타인은 1879년에 태어났습니다.", reference="1879년 3월 14일에 태어났다.")
+
+
+@pytest.mark.parametrize("metric_cls", ALL)
+@pytest.mark.parametrize("sample, name", [(JA_SAMPLE, "Japanese"), (KO_SAMPLE, "Korean")])
+def test_japanese_and_korean_get_english_prompts_that_ask_for_their_language(metric_cls, sample, name):
+    requests = requests_of(metric_cls, sample)
+    assert requests and not any(CJK.search(system_text(r)) for r in requests)  # never the Chinese prompts
+    hint = f"write the text you generate (claims, questions, feedback) in {name}."
+    for r in requests:  # the requests that generate text ask for the input's language; yes/no and ratings not
+        assert user_text(r).endswith(hint) is (r.tag in ("claims", "reference_claims", "questions", "rubric")), r.tag
+    forced = requests_of(metric_cls, EINSTEIN, language="ja")  # an English input, forced to Japanese
+    assert {r.tag for r in forced if user_text(r).endswith(hint.replace(name, "Japanese"))} == {
+        r.tag for r in requests if user_text(r).endswith(hint)}

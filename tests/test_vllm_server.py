@@ -22,7 +22,8 @@ import pytest
 from offline_eval.constraints import Choice, JsonSchema, array, obj, string
 from offline_eval.engines.base import EngineError, JudgeRequest
 from offline_eval.engines.vllm_launch import free_port
-from vllm_support import BANANA, HF_ENTRY, POEM, SAMPLES, need, result_shape, smollm_hf_dir, start_server
+from vllm_support import (BANANA, HF_ENTRY, POEM, SAMPLES, need, result_shape, smollm_hf_dir, start_server,
+                          value_shape)
 
 RATING = Choice(("0", "1", "2"))
 LINES = JsonSchema.of(obj(lines=array(string(40, min_length=1), 3, min_items=3)))
@@ -123,7 +124,7 @@ def test_faithfulness_end_to_end_has_the_llamacpp_result_shape(engine):
         assert all(c["finish_reason"] == "stop" and c["value"] is not None for c in r.judge_calls)
         assert set(r.details) == {"claims", "verdicts"} and len(r.details["claims"]) == len(r.details["verdicts"])
     if importlib.util.find_spec("llama_cpp") is None:
-        return  # the llama.cpp side of the comparison needs llama-cpp-python
+        pytest.skip("the llama.cpp side of the comparison needs llama-cpp-python")
     from offline_eval import llm_factory
 
     # one thread: on a shared 2-core machine, two llama.cpp threads next to other work crawl
@@ -205,6 +206,11 @@ def test_control_tokens_in_user_text_stay_text_on_the_server(vllm_server):
 
 
 # ---- no server needed ---------------------------------------------------------------------------------
+
+def test_the_result_shape_tells_a_score_from_no_value_and_from_a_bad_value():
+    assert {value_shape(v) for v in (None, 0.0, 0.5, 1.0)} == {"score or none"}
+    assert all(value_shape(v).startswith("not a score") for v in (1, 1.5, -0.1, float("nan"), "0.5"))
+
 
 def test_unreachable_server_is_a_clear_error():
     need("httpx")

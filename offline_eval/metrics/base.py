@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generator, Iterable, Optional, Sequence, Union
 
 from ..constraints import Choice
@@ -75,16 +75,54 @@ Plan = Generator[list[StageItem], list[Any], MetricResult]
 YES_NO = Choice(("yes", "no"))
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_KANA = re.compile(r"[\u3040-\u30ff]")
+_HANGUL = re.compile(r"[\uac00-\ud7af]")
+
+PROMPT_LANGUAGES = ("en", "zh")  # languages the metrics have prompts in
+# Languages told apart from Chinese that have no prompts yet: they get the English prompts, and the requests
+# that generate text (claims, questions, feedback) ask for it in the input's language.
+LANGUAGE_NAMES = {"ja": "Japanese", "ko": "Korean"}
 
 
 def detect_language(*texts: Optional[str]) -> str:
-    """'zh' when the text is mostly CJK, else 'en'. Prompts and generated questions follow it."""
+    """'en' unless the text is mostly CJK; then 'ko' when that is mostly hangul, 'ja' when it has kana (Japanese
+    writes kanji with kana; Chinese never uses kana), else 'zh'. Prompts and generated text follow it."""
     text = " ".join(t for t in texts if t)
     letters = [c for c in text if c.isalpha()]
-    if not letters:
+    cjk = [c for c in letters if _CJK.match(c)]
+    if not letters or len(cjk) / len(letters) < 0.3:
         return "en"
-    cjk = sum(1 for c in letters if _CJK.match(c))
-    return "zh" if cjk / len(letters) >= 0.3 else "en"
+    if sum(1 for c in cjk if _HANGUL.match(c)) * 2 > len(cjk):
+        return "ko"
+    return "ja" if sum(1 for c in cjk if _KANA.match(c)) * 10 >= len(cjk) else "zh"
+
+
+def in_language(items: list[Any], lang: str) -> list[Any]:
+    """A stage of English-prompt requests for an input in `lang`, a language without prompts of its own: each
+    request that generates text (not a choice) is told, at the end of its user turn, to write it in `lang`."""
+    name = LANGUAGE_NAMES.get(lang)
+    if name is None:
+        return items
+    hint = f"\n\nThe input is in {name}: write the text you generate (claims, questions, feedback) in {name}."
+    return [replace(r, messages=(*r.messages[:-1], (r.messages[-1][0], r.messages[-1][1] + hint)))
+            if isinstance(r, JudgeRequest) and not isinstance(r.constraint, Choice) else r for r in items]
+
+
+def plan_in(metric: "Metric", sample: SingleTurnSample, lang: str) -> Plan:
+    """`metric.plan` for an input in `lang` (detected or forced): in its own prompts, else as `in_language`."""
+    if lang in PROMPT_LANGUAGES:
+        return (yield from metric.plan(sample, lang))
+    plan, results = metric.plan(sample, "en"), None
+    try:
+        while True:
+            results = yield in_language(plan.send(results), lang)
+    except StopIteration as done:
+        return done.value
+
+
+def probes_in(metric: "Metric", sample: SingleTurnSample, lang: str) -> list[JudgeRequest]:
+    """`metric.context_probes` as `plan_in` asks them."""
+    return in_language(metric.context_probes(sample, lang if lang in PROMPT_LANGUAGES else "en"), lang)
 
 
 def request(system: str, user: str, constraint: Any, tag: str, sampling: Sampling = Sampling()) -> JudgeRequest:
@@ -144,8 +182,8 @@ class Metric:
         self.scoring = check_scoring(scoring)
         if name:
             self.name = name
-        if language not in ("auto", "en", "zh"):
-            raise ValueError("language must be 'auto', 'en' or 'zh'")
+        if language not in ("auto", *PROMPT_LANGUAGES, *LANGUAGE_NAMES):
+            raise ValueError(f"language must be one of auto, {', '.join([*PROMPT_LANGUAGES, *LANGUAGE_NAMES])}")
         self.language = language
 
     # ---- what subclasses implement -------------------------------------------------------------------

@@ -3,7 +3,8 @@
 For each retrieved context the judge says whether it was useful for arriving at the reference answer
 (yes/no). The score is the average precision of those verdicts:
     sum_k (precision@k * v_k) / (number of useful contexts)
-and 0 when no context is useful.
+and 0 when no context is useful. A verdict call that failed is no verdict: that context is left out of the
+ranking (it is not "not useful"), and the score is None when no verdict is valid.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ _USER = {
 
 def average_precision(verdicts: Sequence[Optional[float]]) -> Optional[float]:
     """Average precision over the ranked verdicts: True/False, or the probability of "useful" (a soft
-    verdict counts that share of a hit). Failed verdicts count as not useful."""
-    if not verdicts or all(v is None for v in verdicts):
+    verdict counts that share of a hit). Failed verdicts (None) are left out; None if all failed."""
+    valid = [float(v) for v in verdicts if v is not None]
+    if not valid:
         return None
     hits, total = 0.0, 0.0
-    for k, useful in enumerate(verdicts, 1):
-        useful = float(useful or 0.0)
+    for k, useful in enumerate(valid, 1):
         hits += useful
         total += hits / k * useful
     return total / hits if hits else 0.0
@@ -53,6 +54,8 @@ class ContextPrecision(Metric):
         verdicts = [verdict(o) for o in outputs]
         marks = "".join({True: "1", False: "0", None: "?"}[v] for v in verdicts)
         reason = f"usefulness of the contexts in rank order: {marks}"
+        if None in verdicts:  # "?" marks them
+            reason += f" ({verdicts.count(None)} of {len(verdicts)} verdicts failed, left out of the ranking)"
         ap = average_precision(verdicts)
         return MetricResult(ap, reason, {"verdicts": verdicts},
                             scores={"argmax": ap, "probability": average_precision([p_yes(o) for o in outputs])})
