@@ -13,12 +13,14 @@ import pytest
 
 from offline_eval.constraints import ConstraintViolation
 from offline_eval.engines.base import JudgeOutput
+from offline_eval.metrics import judge_constraints
+from offline_eval.metrics.answer_relevancy import questions_schema
 from offline_eval.metrics.base import detect_language
 from offline_eval.metrics.collections import (ALL, AnswerAccuracy, AnswerCorrectness, AnswerRelevancy,
                                               ContextPrecision, ContextRecall, ContextRelevance, Faithfulness,
                                               ResponseGroundedness, RubricsScore)
 from offline_eval.metrics.rubrics import DEFAULT_WITH_REFERENCE, DEFAULT_WITHOUT_REFERENCE
-from scripted import ScriptedJudge, TableEmbeddings, user_text
+from scripted import ScriptedJudge, TableEmbeddings, any_valid_answer, user_text
 
 FAIL = "<fail>"  # as an answer: the call fails, as when an input does not fit the judge's context
 
@@ -367,17 +369,6 @@ ZH_SAMPLE = dict(
 )
 
 
-def any_valid_answer(request) -> Any:
-    """A valid answer to any stage of any metric."""
-    if request.tag in ("claims", "reference_claims"):
-        return {"claims": ["claim"]}
-    if request.tag == "questions":
-        return {"questions": [{"question": "generated?", "noncommittal": 0}] * 3}
-    if request.tag == "rubric":
-        return {"feedback": "ok", "score": 3}
-    return request.constraint.options[0]
-
-
 def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
     """The system messages of every judge call `metric_cls` makes for `sample`."""
     judge = ScriptedJudge(any_valid_answer)
@@ -385,6 +376,25 @@ def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
     embeddings = TableEmbeddings({t: [1.0, float(i)] for i, t in enumerate(texts)})
     metric_cls(llm=judge, embeddings=embeddings, **options).score(**sample)
     return [system_text(r) for r in judge.requests]
+
+
+@pytest.mark.parametrize("metric_cls", ALL)
+def test_a_metric_declares_exactly_the_constraints_it_asks_for(metric_cls):
+    """A started vLLM server compiles the declared constraints before the run (engines/vllm_launch.py), so an
+    undeclared one would be compiled mid-run, holding its requests (issue 17)."""
+    for sample in (EINSTEIN, ZH_SAMPLE):
+        judge = ScriptedJudge(any_valid_answer)
+        texts = [sample["user_input"], sample["response"], sample["reference"], "generated?"]
+        metric = metric_cls(llm=judge, embeddings=TableEmbeddings({t: [1.0, float(i)] for i, t in enumerate(texts)}))
+        metric.score(**sample)
+        assert {r.constraint.key for r in judge.requests} == {c.key for c in metric.constraints}
+        assert {c.key for c in metric.constraints} <= {c.key for c in judge_constraints()}
+
+
+def test_declared_constraints_follow_the_metric_settings():
+    assert AnswerRelevancy(strictness=5).constraints == (questions_schema(5),)
+    assert questions_schema(3) in judge_constraints()  # the default strictness is compiled at server start
+    assert len({c.key for c in judge_constraints()}) == len(judge_constraints())
 
 
 @pytest.mark.parametrize("metric_cls", ALL)

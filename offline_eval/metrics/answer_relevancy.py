@@ -68,6 +68,7 @@ class AnswerRelevancy(Metric):
         if not 1 <= strictness <= 10:
             raise ValueError("strictness must be between 1 and 10")
         self.strictness = strictness
+        self.constraints = (questions_schema(strictness),)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         schema = questions_schema(self.strictness)
