@@ -48,11 +48,12 @@ the request; until then the request waits with status WAITING_FOR_STRUCTURED_OUT
 counts under `vllm:num_requests_waiting_by_reason{reason="deferred"}`. Compiles run on a thread pool of
 (cores + 1) // 2 threads and are cached by grammar text (VLLM_XGRAMMAR_CACHE_MB, default 512), so each distinct
 grammar is compiled once per server. A choice costs milliseconds; a bounded JSON grammar costs one token-mask
-computation over the whole vocabulary per grammar state, and a string of maxLength n has about min(n, 128)
-states: for Qwen's 151,936-token vocabulary that is 5-15 s per JSON constraint on 2 CPU cores (and much more
-while the same cores run the model), against ~1-4 s for SmolLM2's 49,152 (scripts/bench_grammar_compile.py).
-`warm_up(constraints)` pays it before a run: one 1-token request per constraint; a server this package starts
-(engines/vllm_launch.py) does so before it reports ready.
+computation over the whole vocabulary per grammar state (a string of maxLength n: ~n states up to 128, more
+above): for Qwen's 151,936-token vocabulary 6-10 s per JSON constraint on 2 shared cores, ~4 s for SmolLM2's
+49,152 (scripts/bench_grammar_compile.py). `warm_up(constraints)` pays it before a run: one 1-token request per
+constraint; a server this package starts (engines/vllm_launch.py) does so before it reports ready.
+Reading /metrics: vLLM updates its gauges only when an engine step ends, so during a long step (a CPU prefill of
+up to 2,048 tokens) they keep showing the queue as it was before the step, "deferred" requests included.
 """
 
 from __future__ import annotations
