@@ -4,7 +4,7 @@ real vocabulary (Qwen2.5, 151,936 tokens, read from the shipped GGUF: scripts/be
 vLLM holds every request whose grammar is not compiled yet (waiting reason "deferred"); a grammar that took
 minutes would stall a run again (issue 17), and one that grew slowly would only show on large vocabularies, never
 with the SmolLM2 fixture. So each constraint the metrics use must compile, cold and as the vLLM engines send it,
-within COMPILE_LIMIT_S seconds (measured on 2 shared CPU cores: ~0.01 s per choice, 6-15 s per JSON constraint).
+within COMPILE_LIMIT_S seconds (measured on 2 shared CPU cores: ~0.01 s per choice, 6-12 s per JSON constraint).
 Needs xgrammar (it comes with vLLM; skipped without it unless OFFLINE_EVAL_REQUIRE_VLLM=1) and the default judge's
 model packages (requirements-models.txt). About 30-60 s on 2 cores.
 """

