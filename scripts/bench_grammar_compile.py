@@ -25,7 +25,7 @@ Measured 2026-12-03 (xgrammar 0.2.8, 8 compiler threads, a shared 2-core AMD EPY
 (6-9 s for the JSON ones when the machine was quieter.) vLLM's `json` mode is no cheaper, and no exact
 rewrite of a bounded string was found that is: the cost is one vocabulary-wide mask per state of `c{1,n}`
 (~0.05 s per state up to n = 128, where xgrammar switches to a repeat edge plus 128 look-ahead states), and
-splitting the bound (`c{1,128} c{0,22}`, blocks of 10) compiles faster but makes every decoding step 15-60x
+splitting the bound (`c{1,128} c{0,22}`, `c{1,75} c{0,75}`) compiles faster but makes every decoding step 15-45x
 slower (ambiguous parses leave most tokens to be checked at run time).
 """
 
