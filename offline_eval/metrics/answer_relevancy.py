@@ -68,7 +68,10 @@ class AnswerRelevancy(Metric):
         if not 1 <= strictness <= 10:
             raise ValueError("strictness must be between 1 and 10")
         self.strictness = strictness
-        self.constraints = (questions_schema(strictness),)
+
+    @property
+    def constraints(self) -> tuple[JsonSchema, ...]:  # a property, not a setting: runs are keyed by vars(metric)
+        return (questions_schema(self.strictness),)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         schema = questions_schema(self.strictness)
