@@ -284,7 +284,7 @@ def serve(
     if is_up(url):
         raise _fail(f"something already answers at {url}; stop it or pick another --port", EXIT_BAD_INPUT)
     try:
-        server = ManagedServer(spec, host=host, port=port).start()
+        server = ManagedServer(spec, host=host, port=port, warm_up=True).start()  # compiles the judge grammars
     except (ModelError, EngineError) as exc:
         raise _fail(str(exc), EXIT_ENGINE)
     out.print(f"serving {spec.name} at {server.url} (log: {server.log}); Ctrl-C stops it", highlight=False)

@@ -115,5 +115,16 @@ class TableEmbeddings:
         return np.stack([self.table[t] for t in texts])
 
 
+def any_valid_answer(request: JudgeRequest) -> Any:
+    """A valid answer to any stage of any metric."""
+    if request.tag in ("claims", "reference_claims"):
+        return {"claims": ["claim"]}
+    if request.tag == "questions":
+        return {"questions": [{"question": "generated?", "noncommittal": 0}] * 3}
+    if request.tag == "rubric":
+        return {"feedback": "ok", "score": 3}
+    return request.constraint.options[0]
+
+
 def user_text(request: JudgeRequest) -> str:
     return request.messages[-1][1]

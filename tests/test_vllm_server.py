@@ -269,6 +269,67 @@ def test_server_errors_are_retried_with_backoff():
         httpd.shutdown()
 
 
+class _Recorder(_Flaky):
+    """A fake OpenAI server that records each chat body and answers it; a `grammar` containing "BAD" is refused
+    the way vLLM refuses a grammar it cannot compile (HTTP 400)."""
+
+    bodies: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        if "BAD" in body["structured_outputs"].get("grammar", ""):
+            return self._send(400, {"error": {"message": "Invalid grammar"}})
+        self._send(200, {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
+
+
+def test_warm_up_sends_every_constraint_exactly_as_a_run_does():
+    """vLLM caches compiled grammars by their text: the warm-up pays for a run's grammars only if it sends the
+    very `structured_outputs` the run's requests carry (issue 17)."""
+    need("httpx")
+    from offline_eval.constraints import JsonSchema, obj, string
+    from offline_eval.engines.vllm_server import VllmServerEngine
+    from offline_eval.metrics import judge_constraints
+    from offline_eval.metrics.collections import ALL
+    from scripted import ScriptedJudge, any_valid_answer
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        for json_mode in ("grammar", "json"):
+            _Recorder.bodies = []
+            eng = VllmServerEngine(url, HF_ENTRY, backoff=0.01, json_mode=json_mode)
+            assert eng.warm_up(judge_constraints()) >= 0
+            warm = [b["structured_outputs"] for b in _Recorder.bodies]
+            assert len(warm) == len(judge_constraints()) and all(b["max_tokens"] == 1 for b in _Recorder.bodies)
+            # every request the metrics make for a full sample carries one of the warmed-up constraints
+            judge = ScriptedJudge(any_valid_answer)
+            for metric_cls in ALL:
+                metric_cls(llm=judge, embeddings=_OnesEmbeddings()).score(**SAMPLE)
+            assert len({r.constraint.key for r in judge.requests}) == len(judge_constraints())
+            assert all(eng.body(r)["structured_outputs"] in warm for r in judge.requests)
+
+        eng = VllmServerEngine(url, HF_ENTRY, backoff=0.01, max_retries=0)
+        with pytest.raises(EngineError, match="rejected the constraint.*Invalid grammar"):
+            eng.warm_up([JsonSchema.of(obj(BAD=string(3)))])
+    finally:
+        httpd.shutdown()
+
+
+SAMPLE = dict(user_input="Where is the Eiffel Tower?", response="The Eiffel Tower is in Paris.",
+              retrieved_contexts=["The Eiffel Tower is a wrought-iron tower in Paris."],
+              reference="It is in Paris, France.")
+
+
+class _OnesEmbeddings:
+    def embed(self, texts):
+        import numpy as np
+
+        return np.ones((len(texts), 2)) / np.sqrt(2)
+
+
 def test_registry_knows_both_vllm_engines(tmp_path, monkeypatch):
     from offline_eval.engines.registry import ENGINES, load_engine
     from offline_eval.models import Registry

@@ -136,16 +136,14 @@ class LlamaCppEngine:
 
     def _one(self, request: JudgeRequest) -> JudgeOutput:
         first_logits: list[np.ndarray] = []
-        watch = None
-        if isinstance(request.constraint, Choice):
-            texts, ids = self._first_tokens(request.constraint)
+        texts, ids = self._first_tokens(request.constraint) if isinstance(request.constraint, Choice) else ([], None)
 
-            def watch(_input_ids: Any, logits: np.ndarray) -> np.ndarray:
-                # llama-cpp-python runs this first in its sampler chain, before the grammar masks anything:
-                # `logits` are the model's own, indexed by token id. Only the answer position is kept.
-                if not first_logits:
-                    first_logits.append(np.array(logits[ids], dtype=np.float64))
-                return logits
+        def watch(_input_ids: Any, logits: np.ndarray) -> np.ndarray:
+            # llama-cpp-python runs this first in its sampler chain, before the grammar masks anything:
+            # `logits` are the model's own, indexed by token id. Only the answer position is kept.
+            if not first_logits:
+                first_logits.append(np.array(logits[ids], dtype=np.float64))
+            return logits
         try:
             result = self._llm.create_chat_completion(
                 messages=request.chat(controls=self._controls),
@@ -153,7 +151,7 @@ class LlamaCppEngine:
                 temperature=request.sampling.temperature,
                 seed=request.sampling.seed,
                 max_tokens=request.max_tokens,
-                logits_processor=[watch] if watch else None,
+                logits_processor=[watch] if ids is not None else None,
             )
         except ValueError as exc:  # e.g. prompt + max_tokens exceed the context window
             return JudgeOutput(text="", value=None, finish_reason="error", meta={"error": str(exc)})

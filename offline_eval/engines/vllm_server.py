@@ -42,6 +42,18 @@ Constraints use vLLM's `structured_outputs` request field (vLLM >= 0.12; the leg
                    server with --structured-outputs-config.disable_any_whitespace true; max_tokens is doubled.
 Whatever the server did, `constraint.parse` checks the text: an output outside the constraint raises
 ConstraintViolation instead of becoming a wrong score.
+
+Grammar compilation (vLLM 0.32 + xgrammar 0.2.8): the server compiles each request's grammar before it schedules
+the request; until then the request waits with status WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR, which /metrics
+counts under `vllm:num_requests_waiting_by_reason{reason="deferred"}`. Compiles run on a thread pool of
+(cores + 1) // 2 threads and are cached by grammar text (VLLM_XGRAMMAR_CACHE_MB, default 512), so each distinct
+grammar is compiled once per server. A choice costs milliseconds; a bounded JSON grammar costs one token-mask
+computation over the whole vocabulary per grammar state (a string of maxLength n: ~n states up to 128, more
+above): for Qwen's 151,936-token vocabulary 6-12 s per JSON constraint on 2 shared cores, ~4 s for SmolLM2's
+49,152 (scripts/bench_grammar_compile.py). `warm_up(constraints)` pays it ahead: one 1-token request per
+constraint; `offline-eval serve` does so before it reports ready (engines/vllm_launch.py).
+Reading /metrics: vLLM updates its gauges only when an engine step ends, so during a long step (a CPU prefill of
+up to 2,048 tokens) they keep showing the queue as it was before the step, "deferred" requests included.
 """
 
 from __future__ import annotations
@@ -54,7 +66,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .aio import run_sync
 from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress
-from ..constraints import Choice
+from ..constraints import Choice, Constraint
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 # Requests in flight. vLLM batches whatever is in flight, so more keeps it busier: on 2 CPU cores with SmolLM2
@@ -63,6 +75,8 @@ _RETRY_STATUS = {429, 500, 502, 503, 504}
 # timeout counts its wait in the server's queue.
 DEFAULT_CONCURRENCY = 64
 _CONTEXT_HINTS = ("context length", "maximum context", "context window", "too long", "max_model_len")
+# The prompt of a warm-up request: only its constraint matters (the server compiles the grammar, decodes 1 token).
+_WARM_UP_MESSAGES = (("user", "Reply with one word."),)
 
 
 class VllmServerEngine:
@@ -214,6 +228,33 @@ class VllmServerEngine:
         if self.chat_template_kwargs:  # e.g. {"enable_thinking": false} for Qwen3
             body["chat_template_kwargs"] = self.chat_template_kwargs
         return body
+
+    def warm_up(self, constraints: Sequence[Constraint]) -> float:
+        """Have the server compile the grammar of each of `constraints` now, as a run's requests will send it
+        (same `structured_outputs`, so vLLM's grammar cache serves the run): one request per constraint, all
+        in flight at once, each decoding a single token. Returns the seconds it took; raises EngineError if
+        the server rejects one (a grammar it cannot compile)."""
+        import time
+
+        started = time.perf_counter()
+        if constraints:
+            run_sync(lambda: self._awarm_up(constraints))
+        return time.perf_counter() - started
+
+    async def _awarm_up(self, constraints: Sequence[Constraint]) -> None:
+        httpx = self._httpx
+        async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
+                                     timeout=httpx.Timeout(self.timeout, connect=10.0)) as client:
+
+            async def one(constraint: Constraint) -> None:
+                body = self.body(JudgeRequest(_WARM_UP_MESSAGES, constraint))
+                body["max_tokens"] = 1
+                r = await self._post(client, body)
+                if r.status_code != 200:
+                    raise EngineError(f"the vLLM server rejected the constraint {constraint.key[:80]!r} "
+                                      f"(HTTP {r.status_code}): {_message(r)}")
+
+            await asyncio.gather(*(one(c) for c in constraints))
 
     def generate(
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None

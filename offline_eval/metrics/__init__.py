@@ -21,6 +21,16 @@ METRIC_ALIASES = {"answer_relevance": "answer_relevancy", "rubric_score": "rubri
                   "groundedness": "response_groundedness", "nv_accuracy": "answer_accuracy"}
 
 
+def judge_constraints(metrics=None) -> list:
+    """The distinct output constraints `metrics` (default: every metric with its default settings) ask the
+    judge for, in a stable order: what a vLLM server should compile before a run (engines/vllm_launch.py)."""
+    seen: dict[str, object] = {}
+    for m in metrics if metrics is not None else [cls() for cls in ALL]:
+        for c in m.constraints:
+            seen.setdefault(c.key, c)
+    return list(seen.values())
+
+
 def metric_by_name(name: str) -> Metric:
     """A fresh metric instance by its name (as in results and the CLI's --metrics)."""
     key = METRIC_ALIASES.get(name.strip().lower(), name.strip().lower())
@@ -31,7 +41,7 @@ def metric_by_name(name: str) -> Metric:
     raise ValueError(f"unknown metric {name!r}; available: {known}")
 
 
-__all__ = ["Metric", "MetricResult", "metric_by_name", *[cls.__name__ for cls in ALL],
+__all__ = ["Metric", "MetricResult", "metric_by_name", "judge_constraints", *[cls.__name__ for cls in ALL],
            "answer_accuracy", "context_relevance", "response_groundedness", "faithfulness",
            "answer_relevancy", "answer_relevance", "context_precision", "context_recall",
            "answer_correctness", "rubrics_score"]

@@ -50,6 +50,7 @@ LABELS = {"0": "does not match the reference", "2": "partially matches the refer
 class AnswerAccuracy(Metric):
     name = "answer_accuracy"
     required = ("user_input", "response", "reference")
+    constraints = (RATING,)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         q, a, r = sample.user_input, sample.response, sample.reference

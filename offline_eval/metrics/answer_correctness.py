@@ -17,8 +17,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..dataset import SingleTurnSample
-from .base import Embed, Metric, MetricResult, Plan, p_yes, verdict
-from .claims import check_claim, claims_of, extract_claims, verdict_lines
+from .base import YES_NO, Embed, Metric, MetricResult, Plan, p_yes, verdict
+from .claims import CLAIMS, check_claim, claims_of, extract_claims, verdict_lines
 
 
 def fbeta(tp: float, fp: float, fn: float, beta: float = 1.0) -> float:
@@ -45,6 +45,7 @@ class AnswerCorrectness(Metric):
     name = "answer_correctness"
     required = ("user_input", "response", "reference")
     needs_embeddings = True
+    constraints = (CLAIMS, YES_NO)
 
     def __init__(self, llm=None, embeddings=None, weights: Sequence[float] = (0.75, 0.25),
                  beta: float = 1.0, **kwargs):

@@ -69,6 +69,10 @@ class AnswerRelevancy(Metric):
             raise ValueError("strictness must be between 1 and 10")
         self.strictness = strictness
 
+    @property
+    def constraints(self) -> tuple[JsonSchema, ...]:  # a property, not a setting: runs are keyed by vars(metric)
+        return (questions_schema(self.strictness),)
+
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         schema = questions_schema(self.strictness)
         system = _PROMPT[lang].format(n=self.strictness)

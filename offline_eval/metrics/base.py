@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Generator, Iterable, Optional, Sequence, Union
 
-from ..constraints import Choice
+from ..constraints import Choice, Constraint
 from ..dataset import SingleTurnSample, ValidationError, check_row, load_rows, to_sample
 from ..engines.base import JudgeOutput, JudgeRequest, Sampling
 
@@ -174,6 +174,10 @@ class Metric:
     required: tuple[str, ...] = ()
     needs_embeddings: bool = False
     shows_contexts: bool = False  # the first stage's prompts carry the retrieved contexts
+    # Every output constraint the plan's judge requests use. A server engine compiles each one into a grammar
+    # (on vLLM, seconds per JSON constraint for a large vocabulary), so a started server compiles them all
+    # before it reports ready (engines/vllm_launch.py). tests/test_constraints.py checks the declaration.
+    constraints: tuple[Constraint, ...] = ()
 
     def __init__(self, llm: Any = None, embeddings: Any = None, name: Optional[str] = None,
                  language: str = "auto", scoring: str = DEFAULT_SCORING):

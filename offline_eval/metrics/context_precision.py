@@ -46,6 +46,7 @@ class ContextPrecision(Metric):
     name = "context_precision"
     required = ("user_input", "retrieved_contexts", "reference")
     shows_contexts = True
+    constraints = (YES_NO,)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         q, r = sample.user_input, sample.reference

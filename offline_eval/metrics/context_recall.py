@@ -8,13 +8,14 @@ reference states no claims.
 from __future__ import annotations
 
 from ..dataset import SingleTurnSample
-from .base import Metric, Plan
-from .claims import claims_supported_by, longest_check
+from .base import YES_NO, Metric, Plan
+from .claims import CLAIMS, claims_supported_by, longest_check
 
 
 class ContextRecall(Metric):
     name = "context_recall"
     required = ("user_input", "retrieved_contexts", "reference")
+    constraints = (CLAIMS, YES_NO)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         return (yield from claims_supported_by(sample.reference, sample.user_input, sample.retrieved_contexts,

@@ -52,6 +52,7 @@ class ContextRelevance(Metric):
     name = "context_relevance"
     required = ("user_input", "retrieved_contexts")
     shows_contexts = True
+    constraints = (RATING,)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         user = _USER[lang].format(c=numbered(sample.retrieved_contexts), q=sample.user_input)

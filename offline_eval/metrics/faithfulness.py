@@ -8,13 +8,14 @@ know") has nothing to be unfaithful about: its value is None (Ragas gives NaN) a
 from __future__ import annotations
 
 from ..dataset import SingleTurnSample
-from .base import Metric, Plan
-from .claims import claims_supported_by, longest_check
+from .base import YES_NO, Metric, Plan
+from .claims import CLAIMS, claims_supported_by, longest_check
 
 
 class Faithfulness(Metric):
     name = "faithfulness"
     required = ("response", "retrieved_contexts")
+    constraints = (CLAIMS, YES_NO)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         return (yield from claims_supported_by(sample.response, sample.user_input, sample.retrieved_contexts,

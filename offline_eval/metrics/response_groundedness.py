@@ -51,6 +51,7 @@ class ResponseGroundedness(Metric):
     name = "response_groundedness"
     required = ("response", "retrieved_contexts")
     shows_contexts = True
+    constraints = (RATING,)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         user = _USER[lang].format(c=numbered(sample.retrieved_contexts), a=sample.response)

@@ -63,6 +63,7 @@ class RubricsScore(Metric):
     name = "rubrics_score"
     required = ("response",)
     shows_contexts = True
+    constraints = (SCORE,)
 
     def __init__(self, llm=None, embeddings=None, rubrics: Optional[dict[str, str]] = None, **kwargs):
         super().__init__(llm, embeddings, **kwargs)
