@@ -102,8 +102,8 @@ def test_both_scorings_in_every_result_and_the_switch_picks_the_value():
     (argmax,) = run_metrics([_sample()], metrics, judge=judge, scoring="argmax")
     assert prob["faithfulness"].scores == pytest.approx({"probability": 0.55, "argmax": 0.5})
     assert prob["faithfulness"].value == pytest.approx(0.55) and argmax["faithfulness"].value == 0.5
-    expected = ((0.3 + 1.2) / 2 + (0.8 + 0.4) / 2) / 2  # mean of the two templates' expected ratings / 2
-    assert prob["response_groundedness"].scores == pytest.approx({"probability": expected, "argmax": 0.75})
+    p_top = (0.6 + 0.2) / 2  # the two templates' probability of "2" (fully grounded)
+    assert prob["response_groundedness"].scores == pytest.approx({"probability": p_top, "argmax": 0.75})
     assert argmax["response_groundedness"].value == 0.75
     # Each judge call's record carries its distribution.
     calls = prob["faithfulness"].judge_calls
@@ -133,3 +133,10 @@ def _sample():
     from offline_eval.dataset import load_rows, to_sample
 
     return to_sample(load_rows([SAMPLE])[0])
+
+
+def test_without_probabilities_the_probability_scoring_reads_the_answers_as_certain():
+    # An engine that gives no distribution (or an older cache entry): P(top) is 1 for a top rating, else 0.
+    judge = _judge([], {"judge1": "2", "judge2": "1"})
+    (res,) = run_metrics([_sample()], [ResponseGroundedness(llm=judge)], judge=judge)
+    assert res["response_groundedness"].scores == pytest.approx({"probability": 0.5, "argmax": 0.75})

@@ -23,7 +23,7 @@ from ..engines.base import JudgeOutput, JudgeRequest, Sampling
 
 
 # How a metric turns constrained answers into a value:
-#   probability  from the judge's probability of each option (expected rating / scale, mean P(yes) over claims)
+#   probability  from the judge's probability of each option (P(top rating), mean P(yes) over claims)
 #   argmax       from the answers themselves (rating / scale, share of "yes"): Ragas' semantics
 # JSON answers (claims, questions, rubric grades) have no such distribution: both scorings use them as given.
 SCORINGS = ("probability", "argmax")
@@ -145,12 +145,18 @@ def rating(output: JudgeOutput, scale: float) -> Optional[float]:
     return None if output.value is None else int(output.value) / scale
 
 
-def expected_rating(output: JudgeOutput, scale: float) -> Optional[float]:
-    """The rating's expected value under the judge's option probabilities, scaled to [0, 1] (the plain
-    rating when the engine gave no probabilities); None if the call failed."""
-    if output.value is None or not output.probabilities:
-        return rating(output, scale)
-    return sum(int(o) * p for o, p in output.probabilities.items()) / scale
+def top_rating_probability(output: JudgeOutput, scale: float) -> Optional[float]:
+    """The judge's probability of the top rating ("fully grounded", "fully relevant", "fully matches"); 1 or
+    0 from its answer when the engine gave no probabilities; None if the call failed. Chosen over the expected
+    rating on BEGIN dev, the tuning set: the same ROC-AUC, and a score that reads as the chance that the judge
+    calls the sample fully right, so 0.5 is a coin toss (the expected rating gives a "partial" rating half
+    credit, which put unsupported responses above 0.5)."""
+    if output.value is None:
+        return None
+    top = str(int(scale))
+    if output.probabilities:
+        return output.probabilities[top]
+    return float(output.value == top)
 
 
 def verdict(output: JudgeOutput) -> Optional[bool]:
@@ -245,8 +251,8 @@ def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: 
     and the score is the mean of the valid ones (if only one is valid, that one)."""
     outputs = yield [first, second]
     score = mean_of_valid(rating(o, scale) for o in outputs)
-    expected = mean_of_valid(expected_rating(o, scale) for o in outputs)
+    p_top = mean_of_valid(top_rating_probability(o, scale) for o in outputs)
     raw = [o.value for o in outputs]
     said = [f"judge {i}: {labels[r]}" for i, r in enumerate(raw, 1) if r is not None]
     reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}); " + "; ".join(said or ["no valid rating"])
-    return MetricResult(score, reason, {"ratings": raw}, scores={"argmax": score, "probability": expected})
+    return MetricResult(score, reason, {"ratings": raw}, scores={"argmax": score, "probability": p_top})
