@@ -43,6 +43,29 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISAB
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"}
 
 
+# Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL (prctl
+# PR_SET_PDEATHSIG survives the exec), so a killed run leaves no server behind; on SIGTERM vLLM shuts down its
+# engine-core workers too. Set by this exec shim rather than by preexec_fn, which is unsafe with threads. The
+# kernel ties the signal to the *thread* that started the server: start it from one that outlives it (the
+# main thread, as the CLI does). Other systems get no shim: the server is stopped on close(), on Ctrl-C or
+# SIGTERM of `offline-eval`, and at exit.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) != 0:  # 1: PR_SET_PDEATHSIG
+    sys.exit(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
+if os.getppid() != int(sys.argv[1]):  # the parent died before prctl took effect
+    sys.exit("offline-eval, which started this vLLM server, is gone")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def die_with_parent(command: list[str]) -> list[str]:
+    """`command`, made to end when this process ends (Linux; unchanged elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+
+
 def vllm_settings(spec: ModelSpec) -> dict[str, Any]:
     return dict(spec.settings.get("vllm") or {})
 
@@ -137,9 +160,16 @@ class ManagedServer:
         print(f"starting a vLLM server for {self.spec.name} at {self.url} (log: {self.log}) ...", file=sys.stderr)
         started = time.perf_counter()
         with open(self.log, "wb") as f:
-            self.process = subprocess.Popen(self.command, stdout=f, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(die_with_parent(self.command), stdout=f, stderr=subprocess.STDOUT,
                                             env=server_env(self.spec), start_new_session=True)
         atexit.register(self.stop)
+        try:
+            return self._wait_healthy(started)
+        except BaseException:  # Ctrl-C, SIGTERM or a failed start: no server is left loading
+            self.stop()
+            raise
+
+    def _wait_healthy(self, started: float) -> "ManagedServer":
         while time.perf_counter() - started < self.start_timeout:
             if self.process.poll() is not None:
                 code = self.process.returncode
@@ -150,7 +180,6 @@ class ManagedServer:
                 print(f"vLLM server ready after {self.start_seconds:.0f} s", file=sys.stderr)
                 return self
             time.sleep(1)
-        self.stop()
         raise EngineError(f"the vLLM server for {self.spec.name!r} was not healthy after {self.start_timeout:.0f} s "
                           f"(set OFFLINE_EVAL_VLLM_START_TIMEOUT to wait longer); log {self.log}:\n{self.log_tail()}")
 

@@ -1,0 +1,125 @@
+"""A vLLM server never outlives the run that started it: SIGTERM stops it with the run, and a SIGKILLed run's
+server dies with it. Real vLLM CPU server, SmolLM2; each test starts one (~35-60 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import yaml
+
+from offline_eval.constraints import Choice
+from offline_eval.engines.base import EngineError, JudgeOutput, JudgeRequest, Sampling
+from offline_eval.engines.vllm_launch import ManagedServer, free_port, is_up
+from offline_eval.models import Registry
+from run_support import stored_calls
+from vllm_support import BANANA, HF_ENTRY, SAMPLES, need, smollm_hf_dir
+
+need("vllm")
+need("httpx")
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "test-key-1234"
+YES_NO = Choice(("yes", "no"))
+
+
+# ---- the server dies with the run ------------------------------------------------------------------------
+def server_processes(port: int) -> list[int]:
+    """The pids of the vLLM server listening on `port` and of every process in its session (its workers)."""
+    leaders = [p for p in _pids() if "vllm.entrypoints.openai.api_server" in _cmdline(p) and
+               f"\0--port\0{port}\0" in _cmdline(p)]
+    return [p for p in _pids() if any(_session(p) == leader for leader in leaders) and _state(p) != "Z"]
+
+
+def _pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _read(pid: int, name: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    return _read(pid, "cmdline")
+
+
+def _stat_field(pid: int, i: int) -> str:
+    stat = _read(pid, "stat")
+    return stat.rsplit(")", 1)[1].split()[i] if stat else ""
+
+
+def _state(pid: int) -> str:
+    return _stat_field(pid, 0)
+
+
+def _session(pid: int) -> int:
+    return int(_stat_field(pid, 3) or -1)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    smollm_hf_dir()
+    data = yaml.safe_load((REPO / "models.yaml").read_text(encoding="utf-8"))
+    data["judges"][HF_ENTRY]["base_url"] = f"http://127.0.0.1:{free_port()}/v1"  # nothing there
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    monkeypatch.setenv("OFFLINE_EVAL_MODELS_FILE", str(tmp_path / "models.yaml"))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(s) + "\n" for s in SAMPLES * 3), encoding="utf-8")
+    return tmp_path
+
+
+def run_until_judging(workdir: Path) -> tuple[subprocess.Popen, int, list[str]]:
+    """`offline-eval run --server start`, once its server is up and the first judge calls are cached:
+    (the run, the server's port, its stderr lines so far and to come)."""
+    proc = subprocess.Popen([sys.executable, "-m", "offline_eval.cli", "run", "--model", HF_ENTRY, "--server",
+                             "start", "--metrics", "faithfulness", "--cache", "cache.sqlite", "-o", "out.jsonl",
+                             "data.jsonl"], cwd=workdir, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    deadline = time.monotonic() + float(os.environ.get("OFFLINE_EVAL_VLLM_START_TIMEOUT", 300))
+    while stored_calls(workdir / "cache.sqlite") < 1:
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.1)
+    url = next(line for line in lines if "starting a vLLM server" in line).split(" at ")[1].split(" ")[0]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert server_processes(port), "".join(lines)
+    return proc, port, lines
+
+
+def gone_within(port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while server_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not server_processes(port)
+
+
+def test_sigterm_stops_the_run_and_its_server_and_keeps_the_cache(workdir):
+    proc, port, lines = run_until_judging(workdir)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    time.sleep(0.5)  # the stderr reader's last lines
+    assert proc.returncode == 143, "".join(lines)
+    assert not server_processes(port)  # stopped before the run exited, workers included
+    assert stored_calls(workdir / "cache.sqlite") >= 1 and "terminated (SIGTERM)" in "".join(lines)
+    assert "Traceback" not in "".join(lines)
+
+
+def test_a_sigkilled_run_leaves_no_server_behind(workdir):
+    proc, port, lines = run_until_judging(workdir)
+    proc.kill()  # no handler, no atexit: only the kernel can tell the server
+    proc.wait(timeout=30)
+    assert gone_within(port, 60), f"server processes left: {server_processes(port)}"
+    assert not is_up(f"http://127.0.0.1:{port}/v1")
