@@ -276,6 +276,7 @@ def serve(
 ) -> None:
     """Start a vLLM server for MODEL with its models.yaml settings; stop it with Ctrl-C."""
     from .engines.vllm_launch import ManagedServer, host_port, is_up
+    from .engines.vllm_server import api_key_from
 
     try:
         spec = Registry.load().get(model, "judge")
@@ -286,7 +287,7 @@ def serve(
     base_url = spec.settings.get("base_url")
     port = port or (host_port(base_url)[1] if base_url else 8000)
     url = f"http://{host}:{port}/v1"
-    if is_up(url):
+    if is_up(url, api_key=api_key_from(spec.settings)):
         raise _fail(f"something already answers at {url}; stop it or pick another --port", EXIT_BAD_INPUT)
     try:
         server = ManagedServer(spec, host=host, port=port).start()

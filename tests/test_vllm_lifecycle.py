@@ -1,5 +1,9 @@
-"""A vLLM server never outlives the run that started it: SIGTERM stops it with the run, and a SIGKILLed run's
-server dies with it. Real vLLM CPU server, SmolLM2; each test starts one (~35-60 s on 2 cores).
+"""A vLLM server never outlives the run that started it, and servers are reached as configured: with their
+API key on every request (health checks included), never through a proxy from the environment, and with
+cache keys that change with every setting that changes the prompt. Real vLLM CPU server, SmolLM2.
+
+Each server start costs ~35-60 s on 2 cores: the two `run` tests start one each, the rest share one server
+behind `--api-key`.
 """
 
 from __future__ import annotations
@@ -123,3 +127,94 @@ def test_a_sigkilled_run_leaves_no_server_behind(workdir):
     proc.wait(timeout=30)
     assert gone_within(port, 60), f"server processes left: {server_processes(port)}"
     assert not is_up(f"http://127.0.0.1:{port}/v1")
+
+
+# ---- one server behind --api-key ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed():
+    """A real vLLM server started with --api-key, and a models.yaml entry for it (key in $TEST_VLLM_KEY)."""
+    smollm_hf_dir()
+    spec = copy.deepcopy(Registry.load().get(HF_ENTRY))
+    spec.settings["vllm"]["extra_args"] = ["--api-key", KEY]
+    server = ManagedServer(spec, start_timeout=float(os.environ.get("OFFLINE_EVAL_VLLM_START_TIMEOUT", 300)))
+    try:
+        server.start()
+    except Exception as exc:
+        pytest.fail(f"the vLLM server did not start: {exc}")
+    spec.settings.update(base_url=server.url, api_key_env="TEST_VLLM_KEY")
+    os.environ["TEST_VLLM_KEY"] = KEY
+    yield spec, server
+    server.stop()
+    os.environ.pop("TEST_VLLM_KEY", None)
+
+
+def banana(**sampling) -> JudgeRequest:
+    return JudgeRequest(BANANA, YES_NO, Sampling(**sampling))
+
+
+def test_auto_uses_a_server_behind_an_api_key_instead_of_starting_another(keyed):
+    from offline_eval.engines.registry import load_engine
+
+    spec, server = keyed
+    engine = load_engine(spec, server="auto")
+    try:
+        assert engine.managed is None and engine.base_url == server.url  # no second server
+        assert engine.generate([banana()])[0].value in ("yes", "no")
+    finally:
+        engine.close()
+
+
+def test_the_fleet_keeps_a_healthy_endpoint_behind_an_api_key(keyed):
+    from offline_eval.engines.vllm_fleet import VllmFleetEngine
+
+    spec, server = keyed
+    fleet = VllmFleetEngine([server.url], HF_ENTRY, api_key=KEY, max_retries=0)
+    # a request the server rejects (HTTP 400): the endpoint's health check says it is fine, so the error is the
+    # request's own, and the endpoint stays in the fleet
+    with pytest.raises(EngineError, match="rejected a request"):
+        fleet.generate([banana(temperature=-1.0)])
+    assert fleet.down == {}
+    assert fleet.generate([banana()])[0].value in ("yes", "no")
+
+
+class ConnectionRecorder:
+    """A loopback listener that records every connection (a proxy that anything sent through would reach)."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.seen = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.seen += 1
+            conn.close()
+
+
+def test_a_judge_server_is_never_reached_through_a_proxy_from_the_environment(keyed, monkeypatch):
+    from offline_eval.engines.registry import load_engine
+
+    spec, server = keyed
+    recorder = ConnectionRecorder()
+    proxy = f"http://127.0.0.1:{recorder.port}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("NO_PROXY", "no_proxy", "OFFLINE_EVAL_USE_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    engine = load_engine(spec, server="auto")  # health check, /v1/models, then requests and token counts
+    try:
+        assert engine.managed is None
+        assert engine.generate([banana()])[0].value in ("yes", "no")
+        assert engine.count_tokens(["hello world"])[0] > 0
+    finally:
+        engine.close()
+    assert recorder.seen == 0
+
+    monkeypatch.setenv("OFFLINE_EVAL_USE_PROXY", "1")  # the opt-in: now the proxy is used
+    assert not is_up(server.url, api_key=KEY) and recorder.seen >= 1
+

@@ -21,13 +21,13 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from ..models import ModelSpec
 from .base import EngineError
+from .http import bearer, urlopen
 
 # models.yaml `vllm:` keys -> server flags (None values are left out).
 _FLAGS = {
@@ -120,12 +120,16 @@ def host_port(base_url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def is_up(base_url: str, timeout: float = 2.0) -> bool:
-    """Whether something answers /v1/models at base_url (which model it serves is checked later)."""
+def is_up(base_url: str, timeout: float = 2.0, api_key: Optional[str] = None) -> bool:
+    """Whether a server answers /v1/models at base_url (which model it serves is checked later). The key is
+    sent, and a refused key still counts as up: something serves there, and the engine's own check says
+    that it refused the key (rather than `--server auto` starting a second server beside it)."""
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout) as r:
+        with urlopen(f"{base_url.rstrip('/')}/models", headers=bearer(api_key), timeout=timeout) as r:
             return r.status == 200
-    except (OSError, urllib.error.URLError, ValueError):
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
+    except (OSError, ValueError):
         return False
 
 
@@ -210,7 +214,7 @@ class ManagedServer:
 
 def _healthy(host: str, port: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
+        with urlopen(f"http://{host}:{port}/health", timeout=2) as r:
             return r.status == 200
     except (OSError, urllib.error.URLError):
         return False

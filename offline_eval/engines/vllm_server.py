@@ -54,6 +54,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .aio import run_sync
 from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+from .http import bearer, trust_env
 from ..constraints import Choice
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -99,7 +100,9 @@ class VllmServerEngine:
         self.max_retries = int(max_retries)
         self.backoff = float(backoff)
         self.json_mode = json_mode
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.api_key = api_key
+        self._headers = bearer(api_key)
+        self._trust_env = trust_env()  # no proxy from the environment unless asked (engines/http.py)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.merge_system = merge_system
         self.managed = managed  # a server started for this engine (engines/vllm_launch.py); stopped on close()
@@ -130,7 +133,7 @@ class VllmServerEngine:
         last: Any = None
         for attempt in range(3):  # a short grace period for a server that is just coming up
             try:
-                r = httpx.get(url, headers=self._headers, timeout=min(self.timeout, 10.0))
+                r = httpx.get(url, headers=self._headers, timeout=min(self.timeout, 10.0), trust_env=self._trust_env)
             except httpx.HTTPError as exc:
                 last = exc
             else:
@@ -171,7 +174,8 @@ class VllmServerEngine:
     def _tokenize(self, body: dict[str, Any]) -> int:
         url = self.base_url.removesuffix("/v1") + "/tokenize"
         try:
-            r = self._httpx.post(url, json={"model": self.model, **body}, headers=self._headers, timeout=self.timeout)
+            r = self._httpx.post(url, json={"model": self.model, **body}, headers=self._headers, timeout=self.timeout,
+                                 trust_env=self._trust_env)
             r.raise_for_status()
             return int(r.json()["count"])
         except Exception as exc:
@@ -252,7 +256,8 @@ class VllmServerEngine:
         gate = asyncio.Semaphore(self.max_concurrency)
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=limits,
-                                     timeout=httpx.Timeout(self.timeout, connect=10.0)) as client:
+                                     timeout=httpx.Timeout(self.timeout, connect=10.0),
+                                     trust_env=self._trust_env) as client:
 
             async def submit(request: JudgeRequest) -> JudgeOutput:
                 async with gate:
