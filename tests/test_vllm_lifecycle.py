@@ -218,3 +218,30 @@ def test_a_judge_server_is_never_reached_through_a_proxy_from_the_environment(ke
     monkeypatch.setenv("OFFLINE_EVAL_USE_PROXY", "1")  # the opt-in: now the proxy is used
     assert not is_up(server.url, api_key=KEY) and recorder.seen >= 1
 
+
+def test_every_setting_that_changes_the_prompt_changes_the_cache_key(keyed, tmp_path):
+    from offline_eval.cache import JudgeCache
+    from offline_eval.engines.registry import load_engine
+
+    spec, _ = keyed
+    request = banana()
+
+    def engine_with(**settings):
+        variant = copy.deepcopy(spec)
+        variant.settings["vllm"].update(settings.pop("vllm", {}))
+        variant.settings.update(settings)
+        return load_engine(variant, server="connect")
+
+    base = engine_with()
+    cache = JudgeCache(tmp_path / "cache.sqlite")
+    cache.put_many(base.identity, [request], [JudgeOutput(text="yes", value="yes")])
+    assert cache.get_many(engine_with().identity, [request])  # the same settings hit
+    variants = {"chat_template_kwargs": engine_with(vllm={"chat_template_kwargs": {"enable_thinking": False}}),
+                "system_role": engine_with(system_role="merge")}
+    for what, engine in variants.items():
+        assert what in engine.identity
+        assert cache.get_many(engine.identity, [request]) == {}, f"{what} did not change the key"
+        engine.close()
+    base.close()
+    cache.close()
+

@@ -12,9 +12,9 @@ For vLLM replicas behind no load balancer (one per GPU host), or next to one. mo
 - Failure: when an endpoint's request fails (after its own retries), the endpoint's health is checked
   (/v1/models, with the endpoint's API key). If it no longer answers, it is marked down for the rest of the
   engine's life and the request is sent to another endpoint; its other in-flight requests do the same as
-  they fail. If it does answer, the
-  error was the request's own (e.g. a rejected request) and is raised, as a single server would. So a lost
-  endpoint loses no request; only when every endpoint is down does the run stop.
+  they fail. If it does answer, the error was the request's own (e.g. a rejected request) and is raised, as
+  a single server would. So a lost endpoint loses no request; only when every endpoint is down does the run
+  stop.
 - Identity (cache keys): like a single server's, the served model, the weights the servers loaded (or, for
   servers that do not say, all the configured URLs, so an endpoint being down does not change the key) and
   the context length.

@@ -53,7 +53,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .aio import run_sync
-from .base import EngineError, JudgeOutput, JudgeRequest, Progress
+from .base import EngineError, JudgeOutput, JudgeRequest, Progress, prompt_identity
 from .http import bearer, trust_env
 from ..constraints import Choice
 
@@ -124,6 +124,7 @@ class VllmServerEngine:
             **where,
             "max_model_len": self.max_model_len,
             "json_mode": json_mode,
+            **prompt_identity(self.chat_template_kwargs, merge_system),
         }
 
     # ---- start-up check ------------------------------------------------------------------------------
