@@ -245,3 +245,69 @@ def test_every_setting_that_changes_the_prompt_changes_the_cache_key(keyed, tmp_
     base.close()
     cache.close()
 
+
+# ---- a server that ignores constraints is refused before any judge time ---------------------------------------
+class IgnoringProxy:
+    """The real server behind a loopback proxy that drops `structured_outputs` from every request body, as a
+    server that does not know the field does (vLLM < 0.12, other OpenAI-style servers); it can also claim
+    another vLLM version at /version, or answer chat completions with `reply` instead of the server's."""
+
+    def __init__(self, upstream: str, version: Optional[str] = None, reply: Optional[bytes] = None):
+        import urllib.request
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        root = upstream.removesuffix("/v1")
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _relay(self, body: Optional[bytes]):
+                if self.path == "/version" and version:
+                    status, payload = 200, json.dumps({"version": version}).encode()
+                elif self.path.endswith("/chat/completions") and reply is not None:
+                    status, payload = 200, reply
+                else:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                    req = urllib.request.Request(root + self.path, data=body, headers=headers, method=self.command)
+                    try:
+                        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=120) as r:
+                            status, payload = r.status, r.read()
+                    except urllib.error.HTTPError as exc:
+                        status, payload = exc.code, exc.read()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self):
+                self._relay(None)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if reply is None:
+                    body.pop("structured_outputs", None)
+                self._relay(json.dumps(body).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("reply", [b'{"choices": []}', b'<html>502 Bad Gateway</html>', b'{"object": "error"}'])
+def test_a_malformed_server_reply_is_an_engine_error_not_a_crash(keyed, reply):
+    from offline_eval.engines.registry import load_engine
+
+    spec, server = keyed
+    proxy = IgnoringProxy(server.url, reply=reply)
+    try:
+        engine = load_engine(spec, server="connect", base_url=proxy.url)
+        with pytest.raises(EngineError, match=f"the vLLM server at {proxy.url} sent a malformed reply"):
+            engine.generate([banana()])
+    finally:
+        proxy.close()

@@ -294,16 +294,11 @@ class VllmServerEngine:
             if r.status_code == 404:
                 raise EngineError(f"the vLLM server at {self.base_url} no longer serves {self.model!r}: {message}")
             raise EngineError(f"the vLLM server rejected a request (HTTP {r.status_code}): {message}")
-        data = r.json()
-        choice = data["choices"][0]
-        usage = data.get("usage") or {}
-        out = JudgeOutput(
-            text=choice["message"].get("content") or "",
-            value=None,
-            prompt_tokens=usage.get("prompt_tokens", 0),
-            completion_tokens=usage.get("completion_tokens", 0),
-            finish_reason=choice.get("finish_reason") or "stop",
-        )
+        try:
+            out = _output(r.json())
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:  # the server's fault, not ours
+            raise EngineError(f"the vLLM server at {self.base_url} sent a malformed reply ({_describe(exc)}): "
+                              f"{(r.text or '')[:200]!r}") from None
         if out.finish_reason == "length":
             limit = self.max_model_len or "?"
             out.meta["error"] = (
@@ -319,6 +314,19 @@ class VllmServerEngine:
         managed, self.managed = self.managed, None
         if managed is not None:
             managed.stop()
+
+
+def _output(data: dict[str, Any]) -> JudgeOutput:
+    """A chat completion's first choice, not yet checked against its constraint."""
+    choice = data["choices"][0]
+    usage = data.get("usage") or {}
+    return JudgeOutput(
+        text=choice["message"].get("content") or "",
+        value=None,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        finish_reason=choice.get("finish_reason") or "stop",
+    )
 
 
 def _message(r: Any) -> str:
