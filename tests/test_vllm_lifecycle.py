@@ -299,6 +299,39 @@ class IgnoringProxy:
         self.server.server_close()
 
 
+def test_a_server_that_ignores_constraints_is_an_engine_error_before_any_judge_call(keyed, tmp_path):
+    from offline_eval.engines.registry import load_engine
+
+    spec, server = keyed
+    engine = load_engine(spec, server="connect")  # the real server applies them: accepted
+    engine.close()
+    proxy = IgnoringProxy(server.url)
+    try:
+        with pytest.raises(EngineError, match="ignores output constraints: asked for one of"):
+            load_engine(spec, server="connect", base_url=proxy.url)
+        # the CLI: exit 3, and no judge call was made
+        models = yaml.safe_load((REPO / "models.yaml").read_text(encoding="utf-8"))
+        models["judges"][HF_ENTRY].update(base_url=proxy.url, api_key_env="TEST_VLLM_KEY")
+        (tmp_path / "models.yaml").write_text(yaml.safe_dump(models), encoding="utf-8")
+        (tmp_path / "data.jsonl").write_text(json.dumps(SAMPLES[0]) + "\n", encoding="utf-8")
+        run = subprocess.run([sys.executable, "-m", "offline_eval.cli", "run", "--model", HF_ENTRY, "--server", "connect", "--metrics",
+                              "faithfulness", "--cache", "cache.sqlite", "data.jsonl"], cwd=tmp_path, text=True,
+                             capture_output=True, timeout=300,
+                             env={**os.environ, "OFFLINE_EVAL_MODELS_FILE": str(tmp_path / "models.yaml")})
+        assert run.returncode == 3, run.stderr
+        assert "ignores output constraints" in run.stderr and "Traceback" not in run.stderr
+        assert stored_calls(tmp_path / "cache.sqlite") == 0
+    finally:
+        proxy.close()
+
+    old = IgnoringProxy(server.url, version="0.10.2")
+    try:
+        with pytest.raises(EngineError, match=r"runs vLLM 0\.10\.2; offline-eval needs vLLM >= 0\.12"):
+            load_engine(spec, server="connect", base_url=old.url)
+    finally:
+        old.close()
+
+
 @pytest.mark.parametrize("reply", [b'{"choices": []}', b'<html>502 Bad Gateway</html>', b'{"object": "error"}'])
 def test_a_malformed_server_reply_is_an_engine_error_not_a_crash(keyed, reply):
     from offline_eval.engines.registry import load_engine

@@ -4,8 +4,9 @@ For vLLM replicas behind no load balancer (one per GPU host), or next to one. mo
 [http://gpu1:8000/v1, http://gpu2:8000/v1]` on a `engine: vllm` entry; CLI: `run --base-url URL,URL,...`.
 
 - Start: each endpoint is a `VllmServerEngine` (engines/vllm_server.py), whose own start-up check asks
-  /v1/models for the served model. An endpoint that fails it is reported on stderr and skipped, as long as
-  one is healthy; none healthy is an EngineError naming each endpoint's problem.
+  /v1/models for the served model, then `verify_constraints()` (it really applies constraints). An endpoint
+  that fails either is reported on stderr and skipped, as long as one is healthy; none healthy is an
+  EngineError naming each endpoint's problem.
 - Requests: every request goes to the live endpoint with the least outstanding requests (relative to its
   max_concurrency), through that endpoint's own `session()`: its request body, constraint handling, retries
   with backoff and response parsing. Nothing of that is repeated here.
@@ -46,7 +47,9 @@ class VllmFleetEngine:
         self.down: dict[str, str] = {}  # base_url -> why it was dropped
         for url in urls:
             try:
-                self.endpoints.append(endpoint(url, model, name=name, **options))
+                e = endpoint(url, model, name=name, **options)
+                e.verify_constraints()
+                self.endpoints.append(e)
             except EngineError as exc:
                 self._drop(url, f"failed its start-up check: {exc}")
         if not self.endpoints:

@@ -64,6 +64,10 @@ _RETRY_STATUS = {429, 500, 502, 503, 504}
 # timeout counts its wait in the server's queue.
 DEFAULT_CONCURRENCY = 64
 _CONTEXT_HINTS = ("context length", "maximum context", "context window", "too long", "max_model_len")
+MIN_VLLM = (0, 12)  # the first vLLM that reads the `structured_outputs` request field
+# Answers the probe prompt would never give unconstrained, so the probe shows whether the constraint bit.
+_PROBE_PROMPT = "Reply with the single word banana and nothing else."
+_PROBE_OPTIONS = ("offline-eval-probe-7", "offline-eval-probe-9")
 
 
 class VllmServerEngine:
@@ -166,6 +170,38 @@ class VllmServerEngine:
             )
         self.max_model_len = served[self.model].get("max_model_len")
         self.weights = served[self.model].get("root") or None
+
+    def verify_constraints(self) -> None:
+        """Before any judge time: the server runs vLLM >= 0.12 (GET /version), and one request whose choice
+        constraint must bite really comes back inside it. Older vLLM and other OpenAI-style servers accept an
+        unknown `structured_outputs` field and ignore it, so every score would come from unconstrained text."""
+        version = self._version()
+        if version and _release(version) < MIN_VLLM:
+            raise EngineError(f"the vLLM server at {self.base_url} runs vLLM {version}; offline-eval needs vLLM >= "
+                              f"{'.'.join(map(str, MIN_VLLM))} (the `structured_outputs` request field)")
+        body = {"model": self.model, "prompt": _PROBE_PROMPT, "temperature": 0, "max_tokens": 16,
+                "structured_outputs": {"choice": list(_PROBE_OPTIONS)}}
+        url = f"{self.base_url}/completions"  # no chat template: the cheapest request that shows it
+        try:
+            r = self._httpx.post(url, json=body, headers=self._headers, timeout=self.timeout, trust_env=self._trust_env)
+            r.raise_for_status()
+            text = r.json()["choices"][0]["text"]
+        except Exception as exc:
+            raise EngineError(f"could not check the constraints of the server at {url}: {_describe(exc)}") from None
+        if text.strip() not in _PROBE_OPTIONS:
+            raise EngineError(f"the server at {self.base_url} (vLLM {version or 'version unknown'}) ignores output "
+                              f"constraints: asked for one of {list(_PROBE_OPTIONS)}, it answered {text[:80]!r}. "
+                              f"offline-eval needs vLLM >= {'.'.join(map(str, MIN_VLLM))}, which applies "
+                              "`structured_outputs`")
+
+    def _version(self) -> Optional[str]:
+        """The server's vLLM version, or None where it does not say (not every server has /version)."""
+        try:
+            r = self._httpx.get(self.base_url.removesuffix("/v1") + "/version", headers=self._headers,
+                                timeout=min(self.timeout, 10.0), trust_env=self._trust_env)
+            return str(r.json()["version"]) if r.status_code == 200 else None
+        except Exception:
+            return None
 
     # ---- token counts (long_inputs.py), from vLLM's /tokenize at the server root ---------------------------
     @property
@@ -314,6 +350,13 @@ class VllmServerEngine:
         managed, self.managed = self.managed, None
         if managed is not None:
             managed.stop()
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as 0.32.0 or 0.11.1rc2.dev5+g1234."""
+    import re
+
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:2])
 
 
 def _output(data: dict[str, Any]) -> JudgeOutput:
