@@ -24,6 +24,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .constraints import ConstraintViolation
@@ -574,9 +575,8 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 (anything else is a bug: one line, the traceback on request)
         if os.environ.get(DEBUG_ENV) == "1":
             traceback.print_exc()
-        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}\nThis is a bug in offline-eval; please "
-                  f"report it with the command line (run again with {DEBUG_ENV}=1 to see the traceback).",
-                  highlight=False)
+        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (a bug in offline-eval: "
+                  f"please report it with the command line; {DEBUG_ENV}=1 shows the traceback)", highlight=False)
         sys.exit(EXIT_INTERNAL)
 
 
