@@ -54,7 +54,8 @@ def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
         raise EngineError(f"model {spec.name!r} (engine vllm) needs a base_url, e.g. http://127.0.0.1:8000/v1")
     try:
         engine = VllmServerEngine(base_url, served_name(spec), name=spec.name, managed=managed, **settings)
-        engine.verify_constraints()  # before any judge time: a server that ignores constraints is no judge
+        if settings.get("check", True):  # before any judge time: a server that ignores constraints is no judge
+            engine.verify_constraints()
     except BaseException:
         if managed:
             managed.stop()
