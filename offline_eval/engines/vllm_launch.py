@@ -43,27 +43,35 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISAB
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"}
 
 
-# Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL (prctl
-# PR_SET_PDEATHSIG survives the exec), so a killed run leaves no server behind; on SIGTERM vLLM shuts down its
-# engine-core workers too. Set by this exec shim rather than by preexec_fn, which is unsafe with threads. The
-# kernel ties the signal to the *thread* that started the server: start it from one that outlives it (the
-# main thread, as the CLI does). Other systems get no shim: the server is stopped on close(), on Ctrl-C or
-# SIGTERM of `offline-eval`, and at exit.
-_DIE_WITH_PARENT = """\
-import ctypes, os, signal, sys
-if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) != 0:  # 1: PR_SET_PDEATHSIG
-    sys.exit(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
-if os.getppid() != int(sys.argv[1]):  # the parent died before prctl took effect
-    sys.exit("offline-eval, which started this vLLM server, is gone")
-os.execv(sys.argv[2], sys.argv[2:])
+# The server runs under this watchdog, so it ends when the process that started it ends, even by SIGKILL: the
+# watchdog sees its parent change (it was reparented) and stops its process group, the server and its
+# engine-core workers (SIGTERM, then SIGKILL after 30 s). Polling getppid() works on Linux and macOS and,
+# unlike prctl(PR_SET_PDEATHSIG), which fires when the starting *thread* exits, for servers started from
+# threads. ManagedServer.stop() signals the whole group: the watchdog ignores SIGTERM and waits for the server.
+_WATCHDOG = """\
+import os, signal, subprocess, sys
+parent = int(sys.argv[1])
+# the group's SIGTERM is for the server: wait for it (a handler, not SIG_IGN, which the server would inherit)
+signal.signal(signal.SIGTERM, lambda *_: None)
+server = subprocess.Popen(sys.argv[2:])
+while True:
+    try:
+        sys.exit(server.wait(timeout=1) % 256)
+    except subprocess.TimeoutExpired:
+        pass
+    if os.getppid() != parent:  # the process that started the server is gone
+        os.killpg(0, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(0, signal.SIGKILL)
+        sys.exit(1)
 """
 
 
 def die_with_parent(command: list[str]) -> list[str]:
-    """`command`, made to end when this process ends (Linux; unchanged elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return command
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+    """`command` under a watchdog that stops it (and its process group) when this process ends."""
+    return [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *command]
 
 
 def vllm_settings(spec: ModelSpec) -> dict[str, Any]:
