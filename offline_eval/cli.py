@@ -1,23 +1,33 @@
-"""The command line: `offline-eval run` and `offline-eval models list`.
+"""The command line: `offline-eval run`, `serve`, `compare`, `report`, `models` and `cache`.
 
-Exit codes: 0 success (and the gate passed), 1 the gate failed (`run --fail-under` / `--baseline`; results are
-still written), 2 bad input or usage (including a bad --fail-under or an unreadable baseline), 3 engine or
-model failure.
+Exit codes (each outcome has its own, with a one-line message and no traceback):
+  0    success (and the gate passed)
+  1    the gate failed (`run --fail-under` / `--baseline`; results are still written)
+  2    bad input or usage (including a bad --fail-under or an unreadable baseline)
+  3    engine or model failure (unknown model, missing weights, a judge server that fails or misbehaves)
+  4    internal error: a bug in offline-eval; set OFFLINE_EVAL_DEBUG=1 to see the traceback, and report it
+  5    the judge cache is unusable (locked by another process, corrupt, unwritable), at start or part-way
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM). Both stop alike: finished judge calls stay in the
+       cache, finished rows in `<output>.partial`, and a vLLM server started for the run is stopped.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from .constraints import ConstraintViolation
 from .dataset import DataError, ValidationError
 from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
@@ -44,6 +54,9 @@ err = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() els
 EXIT_GATE = 1
 EXIT_BAD_INPUT = 2
 EXIT_ENGINE = 3
+EXIT_INTERNAL = 4
+EXIT_CACHE = 5
+DEBUG_ENV = "OFFLINE_EVAL_DEBUG"
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -192,15 +205,12 @@ def run(
         result = evaluate(rows, metrics=to_score, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
                           show_progress=True, cache=store, long_inputs=long_inputs, on_record=partial)
     except CacheError as exc:
-        raise _fail(str(exc), EXIT_BAD_INPUT)
+        raise _fail(str(exc) + _kept(partial, None), EXIT_CACHE)
     except (ModelError, EngineError) as exc:
-        message = str(exc)
-        if partial is not None and partial.rows:  # stopped part-way: what is kept, how to go on without paying twice
-            message += f"\nThe {partial.rows} row(s) finished are in {partial.path}."
-        if partial is not None and store is not None and store.count():
-            message += f"\nEvery judge call that finished is in the cache {store.path}: once the judge is back, " \
-                       "run the same command with --resume to finish."
-        raise _fail(message, EXIT_ENGINE)
+        raise _fail(str(exc) + _kept(partial, store, "once the judge is back, "), EXIT_ENGINE)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (main() raises it as one): say what is kept
+        err.print("stopping the run ..." + _kept(partial, store), highlight=False)  # main() says why
+        raise
     finally:
         close_judges()  # stops a vLLM server started for this run
         if store is not None:
@@ -216,6 +226,17 @@ def run(
     for warning in result.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
     _gate(result, data, summary_json, bars, base, max_drop, min_coverage)
+
+
+def _kept(partial, store, when: str = "") -> str:
+    """What a run stopped part-way keeps, and how to go on without paying twice."""
+    message = ""
+    if partial is not None and partial.rows:
+        message += f"\nThe {partial.rows} row(s) finished are in {partial.path}."
+    if partial is not None and store is not None and store.count():
+        message += f"\nEvery judge call that finished is in the cache {store.path}: {when}run the same command " \
+                   "with --resume to finish."
+    return message
 
 
 def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: Optional[float],
@@ -271,6 +292,7 @@ def serve(
 ) -> None:
     """Start a vLLM server for MODEL with its models.yaml settings; stop it with Ctrl-C."""
     from .engines.vllm_launch import ManagedServer, host_port, is_up
+    from .engines.vllm_server import api_key_from
 
     try:
         spec = Registry.load().get(model, "judge")
@@ -281,7 +303,7 @@ def serve(
     base_url = spec.settings.get("base_url")
     port = port or (host_port(base_url)[1] if base_url else 8000)
     url = f"http://{host}:{port}/v1"
-    if is_up(url):
+    if is_up(url, api_key=api_key_from(spec.settings)):
         raise _fail(f"something already answers at {url}; stop it or pick another --port", EXIT_BAD_INPUT)
     try:
         server = ManagedServer(spec, host=host, port=port, warm_up=True).start()  # compiles the judge grammars
@@ -366,6 +388,8 @@ def compare(
         else:
             runs = run_judges(labelled, names, settings, on_judge=announce)
         analysis = analyse(labelled, runs, settings)
+    except ConstraintViolation:  # a ValueError too, but a judge output that broke its constraint is no bad input
+        raise
     except (DataError, ValueError) as exc:  # ValidationError is a ValueError: all bad rows are listed
         raise _fail(str(exc), EXIT_BAD_INPUT)
     except (ModelError, EngineError) as exc:
@@ -476,7 +500,7 @@ def _open_cache(path: Optional[Path]) -> "JudgeCache":
     try:
         return JudgeCache(where)
     except CacheError as exc:
-        raise _fail(str(exc), EXIT_BAD_INPUT)
+        raise _fail(str(exc), EXIT_CACHE)
 
 
 def _mib(path: Path) -> str:
@@ -532,5 +556,44 @@ def cache_prune(
               f"({_mib(store.path)})", highlight=False)
 
 
+_stop_signal: Optional[int] = None  # the signal (SIGINT or SIGTERM) that stopped this process, if any
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    """Ctrl-C and SIGTERM alike: remember which, and raise KeyboardInterrupt where the program is, so every
+    `finally` runs (a started vLLM server is stopped, the cache and the partial results are closed)."""
+    global _stop_signal
+    _stop_signal = signum
+    raise KeyboardInterrupt
+
+
+def _stop_word() -> str:
+    return "terminated (SIGTERM)" if _stop_signal == signal.SIGTERM else "interrupted (Ctrl-C)"
+
+
+def main() -> None:
+    """The `offline-eval` command: the app, with every outcome mapped to its exit code (module docstring)."""
+    signal.signal(signal.SIGINT, _on_stop_signal)
+    signal.signal(signal.SIGTERM, _on_stop_signal)
+    try:
+        app(prog_name="offline-eval")
+    except SystemExit as exc:
+        # Typer/Click turn KeyboardInterrupt into an exit of their own (130, or 1 with "Aborted!" in older
+        # ones); a command that handled it and finished (`serve` stopping its server) keeps its 0.
+        if _stop_signal is not None and exc.code not in (0, None):
+            err.print(_stop_word(), highlight=False)
+            sys.exit(128 + _stop_signal)
+        raise
+    except KeyboardInterrupt:  # before any command ran
+        err.print(_stop_word(), highlight=False)
+        sys.exit(128 + (_stop_signal or signal.SIGINT))
+    except Exception as exc:  # noqa: BLE001 (anything else is a bug: one line, the traceback on request)
+        if os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exc()
+        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (a bug in offline-eval: "
+                  f"please report it with the command line; {DEBUG_ENV}=1 shows the traceback)", highlight=False)
+        sys.exit(EXIT_INTERNAL)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -244,7 +244,7 @@ def test_cli_cache_flag_errors(tmp_path):
     data.write_text('{"user_input": "q", "retrieved_contexts": ["c"]}\n')
     (tmp_path / "bad.sqlite").write_bytes(b"garbage" * 200)
     proc = cli("run", "--model", "no-such-model", "--cache", "bad.sqlite", str(data), cwd=tmp_path)
-    assert proc.returncode == 2 and "bad.sqlite is not a usable SQLite database" in proc.stderr
+    assert proc.returncode == 5 and "bad.sqlite is not a usable SQLite database" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

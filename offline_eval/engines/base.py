@@ -89,6 +89,18 @@ class JudgeRequest:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def prompt_identity(chat_template_kwargs: Optional[dict[str, Any]], merge_system: bool) -> dict[str, Any]:
+    """The models.yaml settings that change the prompt a judge sees beyond its messages (chat_template_kwargs,
+    `system_role: merge`), for an engine's identity and so its cache keys. Left out at their defaults, so
+    the keys of judges without them stay as they were."""
+    out: dict[str, Any] = {}
+    if chat_template_kwargs:
+        out["chat_template_kwargs"] = dict(chat_template_kwargs)
+    if merge_system:
+        out["system_role"] = "merge"
+    return out
+
+
 @dataclass
 class JudgeOutput:
     text: str

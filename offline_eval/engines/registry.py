@@ -44,15 +44,18 @@ def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
         settings.setdefault("api_key", api_key_from(spec.settings))
         return VllmFleetEngine(fleet, served_name(spec), name=spec.name, **settings)
     base_url = settings.pop("base_url", spec.settings.get("base_url"))
+    settings.setdefault("api_key", api_key_from(spec.settings))
     managed = None
-    if server == "start" or (server == "auto" and not (base_url and is_up(base_url))):
+    # (a server behind --api-key answers only with its key)
+    if server == "start" or (server == "auto" and not (base_url and is_up(base_url, api_key=settings["api_key"]))):
         managed = ManagedServer(spec, keep_log=False).start()  # a server for this run only: its log goes with it
         base_url = managed.url
     if not base_url:
         raise EngineError(f"model {spec.name!r} (engine vllm) needs a base_url, e.g. http://127.0.0.1:8000/v1")
-    settings.setdefault("api_key", api_key_from(spec.settings))
     try:
         engine = VllmServerEngine(base_url, served_name(spec), name=spec.name, managed=managed, **settings)
+        if settings.get("check", True):  # before any judge time: a server that ignores constraints is no judge
+            engine.verify_constraints()
     except BaseException:
         if managed:
             managed.stop()

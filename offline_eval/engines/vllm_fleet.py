@@ -4,16 +4,18 @@ For vLLM replicas behind no load balancer (one per GPU host), or next to one. mo
 [http://gpu1:8000/v1, http://gpu2:8000/v1]` on a `engine: vllm` entry; CLI: `run --base-url URL,URL,...`.
 
 - Start: each endpoint is a `VllmServerEngine` (engines/vllm_server.py), whose own start-up check asks
-  /v1/models for the served model. An endpoint that fails it is reported on stderr and skipped, as long as
-  one is healthy; none healthy is an EngineError naming each endpoint's problem.
+  /v1/models for the served model, then `verify_constraints()` (it really applies constraints). An endpoint
+  that fails either is reported on stderr and skipped, as long as one is healthy; none healthy is an
+  EngineError naming each endpoint's problem.
 - Requests: every request goes to the live endpoint with the least outstanding requests (relative to its
   max_concurrency), through that endpoint's own `session()`: its request body, constraint handling, retries
   with backoff and response parsing. Nothing of that is repeated here.
 - Failure: when an endpoint's request fails (after its own retries), the endpoint's health is checked
-  (/v1/models). If it no longer answers, it is marked down for the rest of the engine's life and the request
-  is sent to another endpoint; its other in-flight requests do the same as they fail. If it does answer, the
-  error was the request's own (e.g. a rejected request) and is raised, as a single server would. So a lost
-  endpoint loses no request; only when every endpoint is down does the run stop.
+  (/v1/models, with the endpoint's API key). If it no longer answers, it is marked down for the rest of the
+  engine's life and the request is sent to another endpoint; its other in-flight requests do the same as
+  they fail. If it does answer, the error was the request's own (e.g. a rejected request) and is raised, as
+  a single server would. So a lost endpoint loses no request; only when every endpoint is down does the run
+  stop.
 - Identity (cache keys): like a single server's, the served model, the weights the servers loaded (or, for
   servers that do not say, all the configured URLs, so an endpoint being down does not change the key) and
   the context length.
@@ -45,7 +47,10 @@ class VllmFleetEngine:
         self.down: dict[str, str] = {}  # base_url -> why it was dropped
         for url in urls:
             try:
-                self.endpoints.append(endpoint(url, model, name=name, **options))
+                e = endpoint(url, model, name=name, **options)
+                if options.get("check", True):
+                    e.verify_constraints()
+                self.endpoints.append(e)
             except EngineError as exc:
                 self._drop(url, f"failed its start-up check: {exc}")
         if not self.endpoints:
@@ -95,7 +100,7 @@ class VllmFleetEngine:
             try:
                 return call(endpoint)
             except EngineError as exc:
-                if is_up(endpoint.base_url):
+                if is_up(endpoint.base_url, api_key=endpoint.api_key):
                     raise
                 self._drop(endpoint.base_url, str(exc))
 
@@ -109,12 +114,13 @@ class VllmFleetEngine:
 
             async def submit(request: JudgeRequest) -> JudgeOutput:
                 while True:
-                    url = self._pick().base_url
+                    endpoint = self._pick()
+                    url = endpoint.base_url
                     self.outstanding[url] += 1
                     try:
                         out = await submits[url](request)
                     except EngineError as exc:
-                        if url in self.down or not await asyncio.to_thread(is_up, url):
+                        if url in self.down or not await asyncio.to_thread(is_up, url, 2.0, endpoint.api_key):
                             self._drop(url, str(exc))
                             self.resubmitted += 1
                             continue

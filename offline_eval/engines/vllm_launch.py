@@ -29,13 +29,13 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from ..models import ModelSpec
 from .base import EngineError
+from .http import bearer, urlopen
 
 # models.yaml `vllm:` keys -> server flags (None values are left out).
 _FLAGS = {
@@ -49,6 +49,37 @@ _FLAGS = {
 # UDP connect towards 8.8.8.8; one host needs only loopback.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+# The server runs under this watchdog, so it ends when the process that started it ends, even by SIGKILL: the
+# watchdog sees its parent change (it was reparented) and stops its process group, the server and its
+# engine-core workers (SIGTERM, then SIGKILL after 30 s). Polling getppid() works on Linux and macOS and,
+# unlike prctl(PR_SET_PDEATHSIG), which fires when the starting *thread* exits, for servers started from
+# threads. ManagedServer.stop() signals the whole group: the watchdog ignores SIGTERM and waits for the server.
+_WATCHDOG = """\
+import os, signal, subprocess, sys
+parent = int(sys.argv[1])
+# the group's SIGTERM is for the server: wait for it (a handler, not SIG_IGN, which the server would inherit)
+signal.signal(signal.SIGTERM, lambda *_: None)
+server = subprocess.Popen(sys.argv[2:])
+while True:
+    try:
+        sys.exit(server.wait(timeout=1) % 256)
+    except subprocess.TimeoutExpired:
+        pass
+    if os.getppid() != parent:  # the process that started the server is gone
+        os.killpg(0, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(0, signal.SIGKILL)
+        sys.exit(1)
+"""
+
+
+def die_with_parent(command: list[str]) -> list[str]:
+    """`command` under a watchdog that stops it (and its process group) when this process ends."""
+    return [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *command]
 
 
 def vllm_settings(spec: ModelSpec) -> dict[str, Any]:
@@ -142,12 +173,16 @@ def host_port(base_url: str) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def is_up(base_url: str, timeout: float = 2.0) -> bool:
-    """Whether something answers /v1/models at base_url (which model it serves is checked later)."""
+def is_up(base_url: str, timeout: float = 2.0, api_key: Optional[str] = None) -> bool:
+    """Whether a server answers /v1/models at base_url (which model it serves is checked later). The key is
+    sent, and a refused key still counts as up: something serves there, and the engine's own check says
+    that it refused the key (rather than `--server auto` starting a second server beside it)."""
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout) as r:
+        with urlopen(f"{base_url.rstrip('/')}/models", headers=bearer(api_key), timeout=timeout) as r:
             return r.status == 200
-    except (OSError, urllib.error.URLError, ValueError):
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
+    except (OSError, ValueError):
         return False
 
 
@@ -189,9 +224,16 @@ class ManagedServer:
         print(f"starting a vLLM server for {self.spec.name} at {self.url} (log: {self.log}) ...", file=sys.stderr)
         started = time.perf_counter()
         with open(self.log, "wb") as f:
-            self.process = subprocess.Popen(self.command, stdout=f, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(die_with_parent(self.command), stdout=f, stderr=subprocess.STDOUT,
                                             env=server_env(self.spec), start_new_session=True)
         atexit.register(self.stop)
+        try:
+            return self._wait_healthy(started)
+        except BaseException:  # Ctrl-C, SIGTERM or a failed start: no server is left loading
+            self.stop()
+            raise
+
+    def _wait_healthy(self, started: float) -> "ManagedServer":
         while time.perf_counter() - started < self.start_timeout:
             if self.process.poll() is not None:
                 code = self.process.returncode
@@ -205,7 +247,6 @@ class ManagedServer:
                       file=sys.stderr)
                 return self
             time.sleep(1)
-        self.stop()
         raise EngineError(f"the vLLM server for {self.spec.name!r} was not healthy after {self.start_timeout:.0f} s "
                           f"(set OFFLINE_EVAL_VLLM_START_TIMEOUT to wait longer); log {self.log}:\n{self.log_tail()}")
 
@@ -258,7 +299,7 @@ class ManagedServer:
 
 def _healthy(host: str, port: int) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as r:
+        with urlopen(f"http://{host}:{port}/health", timeout=2) as r:
             return r.status == 200
     except (OSError, urllib.error.URLError):
         return False

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..constraints import Choice
-from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
+from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern, prompt_identity
 from .vllm_launch import OFFLINE_ENV
 
 
@@ -86,6 +86,8 @@ class VllmOfflineEngine:
             "weights": str(self.model_dir),
             "max_model_len": self.max_model_len,
             "dtype": dtype,
+            **({"quantization": llm_kwargs["quantization"]} if llm_kwargs.get("quantization") else {}),
+            **prompt_identity(self.chat_template_kwargs, merge_system),
         }
         self._lock = threading.Lock()
 

@@ -65,7 +65,8 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .aio import run_sync
-from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress
+from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, prompt_identity
+from .http import bearer, trust_env
 from ..constraints import Choice, Constraint
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -77,6 +78,10 @@ DEFAULT_CONCURRENCY = 64
 _CONTEXT_HINTS = ("context length", "maximum context", "context window", "too long", "max_model_len")
 # The prompt of a warm-up request: only its constraint matters (the server compiles the grammar, decodes 1 token).
 _WARM_UP_MESSAGES = (("user", "Reply with one word."),)
+MIN_VLLM = (0, 12)  # the first vLLM that reads the `structured_outputs` request field
+# Answers the probe prompt would never give unconstrained, so the probe shows whether the constraint bit.
+_PROBE_PROMPT = "Reply with the single word banana and nothing else."
+_PROBE_OPTIONS = ("offline-eval-probe-7", "offline-eval-probe-9")
 
 
 class VllmServerEngine:
@@ -113,7 +118,9 @@ class VllmServerEngine:
         self.max_retries = int(max_retries)
         self.backoff = float(backoff)
         self.json_mode = json_mode
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.api_key = api_key
+        self._headers = bearer(api_key)
+        self._trust_env = trust_env()  # no proxy from the environment unless asked (engines/http.py)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.merge_system = merge_system
         self.managed = managed  # a server started for this engine (engines/vllm_launch.py); stopped on close()
@@ -135,6 +142,7 @@ class VllmServerEngine:
             **where,
             "max_model_len": self.max_model_len,
             "json_mode": json_mode,
+            **prompt_identity(self.chat_template_kwargs, merge_system),
         }
 
     # ---- start-up check ------------------------------------------------------------------------------
@@ -144,7 +152,7 @@ class VllmServerEngine:
         last: Any = None
         for attempt in range(3):  # a short grace period for a server that is just coming up
             try:
-                r = httpx.get(url, headers=self._headers, timeout=min(self.timeout, 10.0))
+                r = httpx.get(url, headers=self._headers, timeout=min(self.timeout, 10.0), trust_env=self._trust_env)
             except httpx.HTTPError as exc:
                 last = exc
             else:
@@ -177,6 +185,38 @@ class VllmServerEngine:
         self.max_model_len = served[self.model].get("max_model_len")
         self.weights = served[self.model].get("root") or None
 
+    def verify_constraints(self) -> None:
+        """Before any judge time: the server runs vLLM >= 0.12 (GET /version), and one request whose choice
+        constraint must bite really comes back inside it. Older vLLM and other OpenAI-style servers accept an
+        unknown `structured_outputs` field and ignore it, so every score would come from unconstrained text."""
+        version = self._version()
+        if version and _release(version) < MIN_VLLM:
+            raise EngineError(f"the vLLM server at {self.base_url} runs vLLM {version}; offline-eval needs vLLM >= "
+                              f"{'.'.join(map(str, MIN_VLLM))} (the `structured_outputs` request field)")
+        body = {"model": self.model, "prompt": _PROBE_PROMPT, "temperature": 0, "max_tokens": 16,
+                "structured_outputs": {"choice": list(_PROBE_OPTIONS)}}
+        url = f"{self.base_url}/completions"  # no chat template: the cheapest request that shows it
+        try:
+            r = self._httpx.post(url, json=body, headers=self._headers, timeout=self.timeout, trust_env=self._trust_env)
+            r.raise_for_status()
+            text = r.json()["choices"][0]["text"]
+        except Exception as exc:
+            raise EngineError(f"could not check the constraints of the server at {url}: {_describe(exc)}") from None
+        if text.strip() not in _PROBE_OPTIONS:
+            raise EngineError(f"the server at {self.base_url} (vLLM {version or 'version unknown'}) ignores output "
+                              f"constraints: asked for one of {list(_PROBE_OPTIONS)}, it answered {text[:80]!r}. "
+                              f"offline-eval needs vLLM >= {'.'.join(map(str, MIN_VLLM))}, which applies "
+                              "`structured_outputs`")
+
+    def _version(self) -> Optional[str]:
+        """The server's vLLM version, or None where it does not say (not every server has /version)."""
+        try:
+            r = self._httpx.get(self.base_url.removesuffix("/v1") + "/version", headers=self._headers,
+                                timeout=min(self.timeout, 10.0), trust_env=self._trust_env)
+            return str(r.json()["version"]) if r.status_code == 200 else None
+        except Exception:
+            return None
+
     # ---- token counts (long_inputs.py), from vLLM's /tokenize at the server root ---------------------------
     @property
     def context_size(self) -> Optional[int]:
@@ -185,7 +225,8 @@ class VllmServerEngine:
     def _tokenize(self, body: dict[str, Any]) -> int:
         url = self.base_url.removesuffix("/v1") + "/tokenize"
         try:
-            r = self._httpx.post(url, json={"model": self.model, **body}, headers=self._headers, timeout=self.timeout)
+            r = self._httpx.post(url, json={"model": self.model, **body}, headers=self._headers, timeout=self.timeout,
+                                 trust_env=self._trust_env)
             r.raise_for_status()
             return int(r.json()["count"])
         except Exception as exc:
@@ -295,7 +336,8 @@ class VllmServerEngine:
         gate = asyncio.Semaphore(self.max_concurrency)
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
         async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=limits,
-                                     timeout=httpx.Timeout(self.timeout, connect=10.0)) as client:
+                                     timeout=httpx.Timeout(self.timeout, connect=10.0),
+                                     trust_env=self._trust_env) as client:
 
             async def submit(request: JudgeRequest) -> JudgeOutput:
                 async with gate:
@@ -331,16 +373,14 @@ class VllmServerEngine:
             if r.status_code == 404:
                 raise EngineError(f"the vLLM server at {self.base_url} no longer serves {self.model!r}: {message}")
             raise EngineError(f"the vLLM server rejected a request (HTTP {r.status_code}): {message}")
-        data = r.json()
-        choice = data["choices"][0]
-        usage = data.get("usage") or {}
-        out = JudgeOutput(
-            text=choice["message"].get("content") or "",
-            value=None,
-            prompt_tokens=usage.get("prompt_tokens", 0),
-            completion_tokens=usage.get("completion_tokens", 0),
-            finish_reason=choice.get("finish_reason") or "stop",
-        )
+        try:
+            data = r.json()
+            out = _output(data)
+            if isinstance(request.constraint, Choice):
+                out.probabilities = choice_probabilities(request.constraint, data["choices"][0].get("logprobs"))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:  # the server's fault, not ours
+            raise EngineError(f"the vLLM server at {self.base_url} sent a malformed reply ({_describe(exc)}): "
+                              f"{(r.text or '')[:200]!r}") from None
         if out.finish_reason == "length":
             limit = self.max_model_len or "?"
             out.meta["error"] = (
@@ -349,8 +389,6 @@ class VllmServerEngine:
             )
             return out
         out.value = request.constraint.parse(out.text)
-        if isinstance(request.constraint, Choice):
-            out.probabilities = choice_probabilities(request.constraint, choice.get("logprobs"))
         return out
 
     def close(self) -> None:
@@ -369,6 +407,26 @@ def choice_probabilities(choice: Choice, logprobs: Optional[dict[str, Any]]) -> 
     if not content:
         return None
     return choice.distribution((t["token"], t["logprob"]) for t in content[0].get("top_logprobs") or [])
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as 0.32.0 or 0.11.1rc2.dev5+g1234."""
+    import re
+
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+
+
+def _output(data: dict[str, Any]) -> JudgeOutput:
+    """A chat completion's first choice, not yet checked against its constraint."""
+    choice = data["choices"][0]
+    usage = data.get("usage") or {}
+    return JudgeOutput(
+        text=choice["message"].get("content") or "",
+        value=None,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        finish_reason=choice.get("finish_reason") or "stop",
+    )
 
 
 def _message(r: Any) -> str:
