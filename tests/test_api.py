@@ -98,7 +98,7 @@ def test_batch_score_keeps_input_order():
     judge = ScriptedJudge(lambda request: only(ratings, user_text(request)))
     inputs = [dict(user_input="When was Einstein born?", response=r,
                    reference="Albert Einstein was born on 14 March 1879.") for r in ratings]
-    results = AnswerAccuracy(llm=judge).batch_score(inputs)
+    results = AnswerAccuracy(llm=judge, scoring="argmax").batch_score(inputs)
     assert [r.value for r in results] == [1.0, 0.0, 0.5]
 
 

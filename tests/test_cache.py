@@ -69,8 +69,9 @@ def test_a_rerun_is_answered_by_the_cache_with_identical_results(tmp_path):
     again_judge = judge()
     again = evaluate(ROWS, metrics=metrics(), llm=again_judge, show_progress=False, cache=path)
     assert again_judge.requests == []
-    assert again.scores == first.scores == [{"faithfulness": 0.5, "context_relevance": 0.5},
-                                            {"faithfulness": 2 / 3, "context_relevance": 0.5}]
+    # the judge rates context relevance "1": P(top rating) 0 under the default scoring
+    assert again.scores == first.scores == [{"faithfulness": 0.5, "context_relevance": 0.0},
+                                            {"faithfulness": 2 / 3, "context_relevance": 0.0}]
     assert [r["metrics"]["faithfulness"]["details"] for r in again.records()] == \
         [r["metrics"]["faithfulness"]["details"] for r in first.records()]
     assert again.stats.judge_calls == 0 and again.stats.cached == 11
