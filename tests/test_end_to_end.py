@@ -93,9 +93,13 @@ def test_chinese_end_to_end_with_the_default_judge(qwen, minilm):
         retrieved_contexts=["北京是中华人民共和国首都，著名景点包括故宫、天坛。2024年统计常住人口约为2185万人。"],
     )
     faith = Faithfulness(llm=qwen).score(**sample)
-    assert faith.value == pytest.approx(2 / 3)
+    assert faith.scores["argmax"] == pytest.approx(2 / 3)
     verdicts = dict(zip(faith.details["claims"], faith.details["verdicts"]))
     assert [v for c, v in verdicts.items() if "5000" in c] == [False]
+    # The default (probability) scoring: the mean P(yes) over the claims, the false one well below 0.5.
+    p_yes = [c["probabilities"]["yes"] for c in faith.judge_calls if c["stage"].startswith("verdict")]
+    assert faith.value == pytest.approx(sum(p_yes) / 3)
+    assert sorted(p_yes)[0] < 0.5 < sorted(p_yes)[1]
 
     relevancy = AnswerRelevancy(llm=qwen, embeddings=minilm).score(**sample)
     questions = relevancy.details["questions"]
