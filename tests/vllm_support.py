@@ -83,5 +83,9 @@ def result_shape(results) -> list:
         "reason": bool(r.reason),
         "details": sorted(r.details),
         "first_stage": r.judge_calls[0]["stage"],
-        "call_keys": sorted({k for c in r.judge_calls for k in c}),
+        # "probabilities" comes with choice calls only, and whether a response yields claims to check depends
+        # on the model: it is checked per call instead
+        "call_keys": sorted({k for c in r.judge_calls for k in c} - {"probabilities"}),
+        "choices_have_probabilities": all(("probabilities" in c) == isinstance(c["value"], str)
+                                          for c in r.judge_calls if c["value"] is not None),
     } for r in results]
