@@ -280,7 +280,9 @@ def _print_summary(result, seconds: float) -> None:
     out.print(table)
     st = result.stats
     skipped = len({e.row.number for e in result.errors})
-    out.print(f"{len(result.results)} samples scored, {skipped} skipped; {st.prompt_tokens} prompt + "
+    reused = f" ({st.prompt_tokens - st.reused_prompt_tokens} computed, the rest reused from the engine's " \
+             f"prefix cache)" if st.reused_prompt_tokens else ""
+    out.print(f"{len(result.results)} samples scored, {skipped} skipped; {st.prompt_tokens} prompt{reused} + "
               f"{st.completion_tokens} completion tokens; {seconds:.1f} s", highlight=False)
 
 

@@ -2,7 +2,8 @@
 
 It starts one plan per (sample, metric), then runs them in one of two ways:
 
-- waves (in-process engines: llama.cpp, vllm-offline): each wave gathers the stage every unfinished plan is
+- waves (in-process engines: llama.cpp, vllm-offline): each wave gathers the stage every unfinished plan
+  (of every sample; of one sample at a time for an engine that runs requests one by one, like llama.cpp) is
   waiting on, deduplicates identical judge requests and embedding texts across all of them, sends the
   judge requests to the engine as one batch, and feeds each plan its results. Dependent stages (claims ->
   verdicts) simply come in the next wave. Large batches are what these engines need.
@@ -14,7 +15,7 @@ Both feed plans through `_deliver`, answer requests through `_Feed` (cache, then
 RunStats, results and progress.
 
 With a persistent cache (cache.py), a wave first takes what the cache has, then sends the rest to the engine
-in chunks, sorted by messages so shared prefixes stay together, and stores each chunk as soon as it returns:
+in chunks, sorted so shared prefixes stay together (engines/base.py prefix_order), and stores each chunk as soon as it returns:
 a killed run loses at most one chunk, i.e. the calls in flight (a chunk is one batch of the engine: at most
 chunk_size requests, and one for an engine that runs them one at a time, like llama.cpp). The pipelined path
 asks the cache per request and stores each new output as soon as it returns.
@@ -32,7 +33,7 @@ import numpy as np
 
 from .cache import JudgeCache
 from .dataset import SingleTurnSample
-from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest
+from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest, prefix_order
 from .long_inputs import fitted_plan
 from .metrics.base import DEFAULT_SCORING, Embed, Metric, MetricResult, Plan, check_scoring
 
@@ -43,6 +44,7 @@ class RunStats:
     cached: int = 0  # unique requests answered by the persistent cache
     deduplicated: int = 0  # requests answered by an identical one in the same wave (pipelined: run)
     prompt_tokens: int = 0  # tokens of the requests sent to the engine (cached calls cost nothing)
+    reused_prompt_tokens: int = 0  # of those, the ones the engine took from its prefix cache, not computed
     completion_tokens: int = 0
     embedded_texts: int = 0  # texts the embedding model embedded (not those the cache had)
     seconds: float = 0.0
@@ -135,6 +137,12 @@ def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: R
         from .pipeline import run_pipelined
 
         run_pipelined(live, feed, embedder, progress, stats)
+    elif getattr(feed.engine, "batch_size", None) == 1:
+        # An engine that runs one request at a time gains nothing from wide waves, and reuses only the previous
+        # prompt's prefix: run each sample's plans to the end before the next sample's, so its contexts are
+        # computed once for all its metrics and stages (the waves order them last and back to back).
+        for row in tasks:
+            _run_waves([t for t in row if t.result is None], feed, embedder, progress, stats)
     else:
         _run_waves(live, feed, embedder, progress, stats)
     stats.seconds += time.perf_counter() - started
@@ -267,6 +275,7 @@ class _Feed:
             self.cache.put_many(self.engine.identity, requests, outputs)
         stats.judge_calls += len(requests)
         stats.prompt_tokens += sum(o.prompt_tokens for o in outputs)
+        stats.reused_prompt_tokens += sum(o.reused_prompt_tokens for o in outputs)
         stats.completion_tokens += sum(o.completion_tokens for o in outputs)
 
     def generate(self, requests: list[JudgeRequest], progress: Progress,
@@ -280,7 +289,7 @@ class _Feed:
         size = min(self.chunk_size, getattr(self.engine, "batch_size", None) or self.chunk_size) \
             if self.cache is not None else max(len(todo), 1)
         if len(todo) > size:
-            todo.sort(key=lambda r: r.messages)
+            todo.sort(key=prefix_order)
         cost: dict[str, float] = {}
         for start in range(0, len(todo), size):
             chunk = todo[start:start + size]

@@ -128,3 +128,8 @@ def any_valid_answer(request: JudgeRequest) -> Any:
 
 def user_text(request: JudgeRequest) -> str:
     return request.messages[-1][1]
+
+
+def item_text(request: JudgeRequest) -> str:
+    """The user turn's last paragraph: the item judged (after the contexts and the task's instructions)."""
+    return user_text(request).split("\n\n")[-1]

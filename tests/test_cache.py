@@ -14,7 +14,7 @@ from offline_eval.cache import CacheError, JudgeCache, cache_key, default_path
 from offline_eval.constraints import Choice
 from offline_eval.engines.base import EngineError, JudgeOutput, JudgeRequest
 from offline_eval.metrics.collections import ContextRelevance, Faithfulness
-from scripted import ScriptedJudge, user_text
+from scripted import ScriptedJudge, item_text, user_text
 
 ROWS = [
     {"user_input": "Where is the Eiffel Tower?", "retrieved_contexts": ["The Eiffel Tower stands in Paris."],
@@ -29,7 +29,7 @@ def answer(request: JudgeRequest, verdict: str = "yes"):
     """Claims are the response's sentences; a claim is supported if listed in SUPPORTED (else `verdict`)."""
     text = user_text(request)
     if request.tag == "claims":
-        response = text.split("Text: ", 1)[1]
+        response = text.rsplit("Text: ", 1)[1]
         return {"claims": [s.strip() + "." for s in response.split(".") if s.strip()]}
     if request.tag.startswith("verdict"):
         return "yes" if any(s in text for s in SUPPORTED) else verdict
@@ -284,7 +284,7 @@ def test_embeddings_are_cached_per_model_and_text(tmp_path, pipelined):
     from scripted import Pipelined
 
     def questions(request):
-        return {"questions": [{"question": f"{user_text(request)}?", "noncommittal": 0}] * 3}
+        return {"questions": [{"question": f"{item_text(request)}?", "noncommittal": 0}] * 3}
 
     def make_judge():
         judge = ScriptedJudge(questions)

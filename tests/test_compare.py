@@ -57,7 +57,7 @@ def oracle(request):
     """Rates a response grounded exactly when the knowledge contains it; one claim per response."""
     text = user_text(request)
     if request.tag == "claims":
-        return {"claims": [text.split("Text: ", 1)[1][:150]]}
+        return {"claims": [text.rsplit("Text: ", 1)[1][:150]]}
     said = text.rsplit("Assertion: ", 1)[-1].rsplit("Claim: ", 1)[-1]  # the response, or one of its claims
     grounded = said.startswith("Fact number")
     if request.tag.startswith("judge"):
@@ -110,7 +110,7 @@ def test_both_scorings_side_by_side_with_calibration(tmp_path):
     """A judge unsure of its ratings: its argmax ties every row, its probabilities still rank them."""
     def hesitant(request):
         if request.tag == "claims":
-            return {"claims": [user_text(request).split("Text: ", 1)[1][:150]]}
+            return {"claims": [user_text(request).rsplit("Text: ", 1)[1][:150]]}
         grounded = "Fact number" in user_text(request).rsplit("Assertion: ", 1)[-1].rsplit("Claim: ", 1)[-1]
         if request.tag.startswith("judge"):
             return {"0": 0.2, "1": 0.5, "2": 0.3} if grounded else {"0": 0.3, "1": 0.5, "2": 0.2}

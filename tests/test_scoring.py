@@ -18,7 +18,7 @@ from offline_eval.metrics.collections import (ALL, AnswerAccuracy, AnswerCorrect
                                               ContextPrecision, ContextRecall, ContextRelevance, Faithfulness,
                                               ResponseGroundedness, RubricsScore)
 from offline_eval.metrics.rubrics import DEFAULT_WITH_REFERENCE, DEFAULT_WITHOUT_REFERENCE
-from scripted import FAIL, ScriptedJudge, TableEmbeddings, TagJudge, any_valid_answer, user_text
+from scripted import FAIL, ScriptedJudge, TableEmbeddings, TagJudge, any_valid_answer, item_text, user_text
 
 def tagged(prefix: str, answers: list[str]) -> dict[str, str]:
     """{"verdict[0]": "yes", "verdict[1]": "no", ...}"""
@@ -77,7 +77,7 @@ def test_answer_accuracy_second_judge_swaps_response_and_reference():
     judge = TagJudge({"judge1": "4", "judge2": "4"})
     AnswerAccuracy(llm=judge).score(user_input="Capital of France?", response="RESPONSE-TEXT",
                                     reference="REFERENCE-TEXT")
-    first, second = (user_text(r) for r in judge.requests)
+    first, second = (item_text(r) for r in judge.requests)
     swapped = first.replace("RESPONSE-TEXT", "\0").replace("REFERENCE-TEXT", "RESPONSE-TEXT").replace("\0", "REFERENCE-TEXT")
     assert first != second
     assert second == swapped
@@ -301,10 +301,10 @@ def test_rubrics_score_is_the_raw_score_and_the_feedback_is_the_reason(score):
     assert result.reason == "Because."
 
 
-def test_rubrics_given_to_the_metric_are_in_the_system_prompt():
+def test_rubrics_given_to_the_metric_are_in_the_prompt():
     judge = rubric_judge()
     RubricsScore(llm=judge, rubrics=CUSTOM_RUBRICS).score(**EINSTEIN)
-    system = system_text(judge.requests[0])
+    system = user_text(judge.requests[0])
     assert all(description in system for description in CUSTOM_RUBRICS.values())
 
 
@@ -312,7 +312,7 @@ def test_rubrics_of_a_sample_override_the_metric_rubrics():
     judge = rubric_judge()
     sample_rubrics = {k: v.replace("Custom", "Per-sample") for k, v in CUSTOM_RUBRICS.items()}
     RubricsScore(llm=judge, rubrics=CUSTOM_RUBRICS).score(**EINSTEIN, rubrics=sample_rubrics)
-    system = system_text(judge.requests[0])
+    system = user_text(judge.requests[0])
     assert all(d in system for d in sample_rubrics.values())
     assert not any(d in system for d in CUSTOM_RUBRICS.values())
 
@@ -323,7 +323,7 @@ def test_rubrics_default_depends_on_the_reference(has_reference, default):
     judge = rubric_judge()
     sample = EINSTEIN if has_reference else {k: v for k, v in EINSTEIN.items() if k != "reference"}
     RubricsScore(llm=judge).score(**sample)
-    assert all(d in system_text(judge.requests[0]) for d in default.values())
+    assert all(d in user_text(judge.requests[0]) for d in default.values())
 
 
 @pytest.mark.parametrize("rubrics", [
@@ -359,7 +359,7 @@ def requests_of(metric_cls, sample: dict, **options) -> list:
 
 
 def prompts_of(metric_cls, sample: dict, **options) -> list[str]:
-    """The system messages of every judge call `metric_cls` makes for `sample`."""
+    """The system turns of every judge call `metric_cls` makes for `sample` (in the prompts' language)."""
     return [system_text(r) for r in requests_of(metric_cls, sample, **options)]
 
 

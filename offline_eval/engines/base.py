@@ -55,13 +55,16 @@ def neutralise(text: str, controls: re.Pattern = CONTROL_TOKENS) -> str:
 
 @dataclass(frozen=True)
 class JudgeRequest:
-    """One judge call. `messages` are (role, content) pairs: the shared instructions come first and the
-    sample-specific text last, so engines with prefix caching reuse the common part."""
+    """One judge call. `messages` are (role, content) pairs: what many calls share comes first (the system
+    turn, then a sample's contexts), so engines with prefix caching reuse the common part."""
 
     messages: tuple[tuple[str, str], ...]
     constraint: Constraint
     sampling: Sampling = Sampling()
     tag: str = field(default="", compare=False)  # which stage asked (for reports); not part of the key
+    # The user turn opens with a sample's retrieved contexts (metrics/base.py request): schedules run such
+    # requests after the others and back to back, so the contexts stay in the engine's prefix cache.
+    shows_contexts: bool = field(default=False, compare=False)
 
     @property
     def max_tokens(self) -> int:
@@ -89,6 +92,13 @@ class JudgeRequest:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def prefix_order(request: JudgeRequest) -> tuple:
+    """A sort key that keeps requests sharing a prompt prefix back to back, the ones showing contexts last:
+    an engine that reuses the previous prompt's prefix (llama.cpp) then still holds a sample's contexts when
+    its next stage (claim checks) comes."""
+    return request.shows_contexts, request.messages
+
+
 def prompt_identity(chat_template_kwargs: Optional[dict[str, Any]], merge_system: bool) -> dict[str, Any]:
     """The models.yaml settings that change the prompt a judge sees beyond its messages (chat_template_kwargs,
     `system_role: merge`), for an engine's identity and so its cache keys. Left out at their defaults, so
@@ -107,6 +117,9 @@ class JudgeOutput:
     value: Any  # the parsed, constraint-checked value (choice string or JSON); None if the call failed
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of prompt_tokens, those the engine reused from its prefix cache instead of computing them (llama.cpp's
+    # KV cache, vLLM's prefix cache); 0 where the engine does not say.
+    reused_prompt_tokens: int = 0
     finish_reason: str = "stop"
     # For a Choice: the judge's probability of each option at the answer position, renormalised over the
     # options (Choice.distribution); None for JSON outputs and failed calls.

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..constraints import Choice
-from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern
+from .base import EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern, prefix_order
 
 
 class LlamaCppEngine:
@@ -112,7 +112,7 @@ class LlamaCppEngine:
     ) -> list[JudgeOutput]:
         # llama.cpp reuses the KV cache of the longest prefix shared with the previous prompt, so run
         # requests that share instructions (and contexts) back to back, then restore the caller's order.
-        order = sorted(range(len(requests)), key=lambda i: requests[i].messages)
+        order = sorted(range(len(requests)), key=lambda i: prefix_order(requests[i]))
         outputs: list[Optional[JudgeOutput]] = [None] * len(requests)
         with self._lock:
             for i in order:
@@ -134,6 +134,20 @@ class LlamaCppEngine:
             self._first[choice.key] = (list(pairs.values()), np.array(list(pairs), dtype=np.intp))
         return self._first[choice.key]
 
+    def _reusable_prefix(self, request: JudgeRequest) -> int:
+        """How many of the prompt's tokens llama-cpp-python will take from the KV cache the previous call left:
+        the longest prefix shared with it, less one token when that is the whole prompt (Llama.generate
+        recomputes one for fresh logits). 0 for a GGUF without a chat template (the prompt cannot be built)."""
+        if self._template is None:
+            return 0
+        prompt, held = self.prompt_ids(request), self._llm.input_ids[:self._llm.n_tokens]
+        shared = 0
+        for a, b in zip(held, prompt):
+            if a != b:
+                break
+            shared += 1
+        return shared - 1 if shared == len(prompt) else shared
+
     def _one(self, request: JudgeRequest) -> JudgeOutput:
         first_logits: list[np.ndarray] = []
         texts, ids = self._first_tokens(request.constraint) if isinstance(request.constraint, Choice) else ([], None)
@@ -144,6 +158,7 @@ class LlamaCppEngine:
             if not first_logits:
                 first_logits.append(np.array(logits[ids], dtype=np.float64))
             return logits
+        reused = self._reusable_prefix(request)
         try:
             result = self._llm.create_chat_completion(
                 messages=request.chat(controls=self._controls),
@@ -163,6 +178,7 @@ class LlamaCppEngine:
             value=None,
             prompt_tokens=usage.get("prompt_tokens", 0),
             completion_tokens=usage.get("completion_tokens", 0),
+            reused_prompt_tokens=reused,
             finish_reason=choice.get("finish_reason") or "stop",
         )
         if out.finish_reason == "length":  # llama.cpp shrinks max_tokens to what the context has left

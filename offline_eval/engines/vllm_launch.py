@@ -100,7 +100,8 @@ def server_command(spec: ModelSpec, host: str, port: int) -> list[str]:
         raise EngineError(f"model {spec.name!r}: {exc}") from None
     settings = vllm_settings(spec)
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights),
-           "--served-model-name", served_name(spec), "--host", host, "--port", str(port)]
+           "--served-model-name", served_name(spec), "--host", host, "--port", str(port),
+           "--enable-prompt-tokens-details"]  # usage then says how many prompt tokens the prefix cache held
     for key, flag in _FLAGS.items():
         if settings.get(key) is not None:
             cmd += [flag, str(settings[key])]

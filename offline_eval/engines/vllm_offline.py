@@ -158,6 +158,7 @@ class VllmOfflineEngine:
             value=None,
             prompt_tokens=len(result.prompt_token_ids or []),
             completion_tokens=len(completion.token_ids),
+            reused_prompt_tokens=getattr(result, "num_cached_tokens", None) or 0,
             finish_reason=completion.finish_reason or "stop",
         )
         if out.finish_reason == "length":

@@ -65,7 +65,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from .aio import run_sync
-from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, prompt_identity
+from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, prefix_order, prompt_identity
 from .http import bearer, trust_env
 from ..constraints import Choice, Constraint
 
@@ -308,8 +308,8 @@ class VllmServerEngine:
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
     ) -> list[JudgeOutput]:
         outputs: list[Optional[JudgeOutput]] = [None] * len(requests)
-        # Requests that share instructions go out together, so vLLM's prefix cache reuses them.
-        order = sorted(range(len(requests)), key=lambda i: requests[i].messages)
+        # Requests that share a prefix (a sample's contexts) go out together, so vLLM's prefix cache reuses it.
+        order = sorted(range(len(requests)), key=lambda i: prefix_order(requests[i]))
         async with self.session() as submit:
 
             async def one(i: int) -> None:
@@ -425,6 +425,8 @@ def _output(data: dict[str, Any]) -> JudgeOutput:
         value=None,
         prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
+        # prefix-cache hits: servers started with --enable-prompt-tokens-details report them (ours are)
+        reused_prompt_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
         finish_reason=choice.get("finish_reason") or "stop",
     )
 

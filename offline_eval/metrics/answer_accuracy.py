@@ -54,6 +54,6 @@ class AnswerAccuracy(Metric):
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         q, a, r = sample.user_input, sample.response, sample.reference
-        first = request(_JUDGE1[lang], _USER[lang].format(q=q, a=a, r=r), RATING, "judge1")
-        swapped = request(_JUDGE2[lang], _USER[lang].format(q=q, a=r, r=a), RATING, "judge2")
+        first = request(lang, _JUDGE1[lang], _USER[lang].format(q=q, a=a, r=r), RATING, "judge1")
+        swapped = request(lang, _JUDGE2[lang], _USER[lang].format(q=q, a=r, r=a), RATING, "judge2")
         return (yield from two_judges(first, swapped, 4, LABELS))

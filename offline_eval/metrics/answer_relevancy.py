@@ -75,8 +75,8 @@ class AnswerRelevancy(Metric):
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         schema = questions_schema(self.strictness)
-        system = _PROMPT[lang].format(n=self.strictness)
-        (out,) = yield [request(system, _USER[lang].format(a=sample.response), schema, "questions")]
+        task = _PROMPT[lang].format(n=self.strictness)
+        (out,) = yield [request(lang, task, _USER[lang].format(a=sample.response), schema, "questions")]
         if out.value is None:
             return MetricResult(None, f"question generation failed: {out.meta.get('error')}")
         items = out.value["questions"]

@@ -125,9 +125,27 @@ def probes_in(metric: "Metric", sample: SingleTurnSample, lang: str) -> list[Jud
     return in_language(metric.context_probes(sample, lang if lang in PROMPT_LANGUAGES else "en"), lang)
 
 
-def request(system: str, user: str, constraint: Any, tag: str, sampling: Sampling = Sampling()) -> JudgeRequest:
-    """A judge request: fixed instructions as the system message, the sample's text last."""
-    return JudgeRequest((("system", system), ("user", user)), constraint, sampling, tag=tag)
+# The prompt layout. Every judge call starts with the same system turn; a call that shows a sample's retrieved
+# contexts shows them next, always in the same form, and only then the metric's instructions and the item
+# (claim, question, rating task). So every call that shows a sample's contexts, across metrics, shares one
+# prompt prefix holding the whole contexts, and an engine that reuses prefixes (llama.cpp's KV cache, vLLM's
+# prefix cache) computes them once per sample instead of once per call.
+JUDGE_SYSTEM = {
+    "en": "You are a careful, impartial judge of texts. Follow the instructions of each task exactly, judge "
+          "only by the texts you are given, and reply only in the form the task asks for.",
+    "zh": "你是一名严谨、公正的文本评审。严格按照每个任务的说明作答，只依据给出的文本判断，并且只用任务要求的形式回复。",
+}
+CONTEXTS_HEADING = {"en": "### Context:", "zh": "### 上下文："}
+
+
+def request(lang: str, task: str, item: str, constraint: Any, tag: str, contexts: Optional[Sequence[str]] = None,
+            sampling: Sampling = Sampling()) -> JudgeRequest:
+    """A judge request in the shared layout: the shared system turn, then the user turn with `contexts` (if
+    the call shows them), the task's instructions and the item, in that order."""
+    head = [f"{CONTEXTS_HEADING[lang]}\n{numbered(contexts)}"] if contexts is not None else []
+    user = "\n\n".join([*head, task, item])
+    return JudgeRequest((("system", JUDGE_SYSTEM[lang]), ("user", user)), constraint, sampling, tag=tag,
+                        shows_contexts=contexts is not None)
 
 
 def numbered(items: Sequence[str]) -> str:

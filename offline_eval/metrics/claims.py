@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from ..constraints import JsonSchema, array, obj, string
 from ..engines.base import JudgeOutput, JudgeRequest
-from .base import YES_NO, MetricResult, Plan, mean_of_valid, numbered, p_yes, request, verdict
+from .base import YES_NO, MetricResult, Plan, mean_of_valid, p_yes, request, verdict
 
 MAX_CLAIMS = 8
 MAX_CLAIM_CHARS = 150
@@ -41,19 +41,19 @@ Text: Sure! It flows through ten countries and ends in the Black Sea. Have you e
 }
 
 _CHECK = {
-    "en": """You check whether a claim is supported by a source text.
-Answer "yes" if the source says what the claim says, in the same or in other words: synonyms, paraphrases and a shorter or more general wording all count as support, and the claim may leave out details of the source.
-Answer "no" if the claim contradicts the source, or states something the source does not contain, such as a different or additional name, number, date, place or fact.
-Judge only by the source text, never by your own knowledge.""",
-    "zh": """你的任务是判断一条声明能否从给定的原文中得到支持。
-如果原文表达了声明所说的意思，回答 "yes"：措辞不同、同义词或近义词（例如"负责人"和"主管"）、换一种说法或更笼统的概括都算得到支持，声明也可以省略原文的部分细节。
-如果声明与原文矛盾，或声明包含原文没有的内容（例如不同的或额外的名称、数字、日期、地点或事实），回答 "no"。
-只依据原文判断，不要使用你自己的知识。""",
+    "en": """Check whether the Claim below is supported by the Context above.
+Answer "yes" if the Context says what the Claim says, in the same or in other words: synonyms, paraphrases and a shorter or more general wording all count as support, and the Claim may leave out details of the Context.
+Answer "no" if the Claim contradicts the Context, or states something the Context does not contain, such as a different or additional name, number, date, place or fact.
+Judge only by the Context, never by your own knowledge.""",
+    "zh": """判断下面这条声明能否从上文的上下文中得到支持。
+如果上下文表达了声明所说的意思，回答 "yes"：措辞不同、同义词或近义词（例如"负责人"和"主管"）、换一种说法或更笼统的概括都算得到支持，声明也可以省略上下文的部分细节。
+如果声明与上下文矛盾，或声明包含上下文没有的内容（例如不同的或额外的名称、数字、日期、地点或事实），回答 "no"。
+只依据上下文判断，不要使用你自己的知识。""",
 }
 
-_CHECK_USER = {
-    "en": "Source text:\n{source}\n\nClaim: {claim}\n\nIs the claim supported by the source text? Answer yes or no.",
-    "zh": "原文：\n{source}\n\n声明：{claim}\n\n这条声明能否从原文中得到支持？回答 yes 或 no。",
+_CHECK_ITEM = {
+    "en": "Claim: {claim}\n\nIs the claim supported by the Context? Answer yes or no.",
+    "zh": "声明：{claim}\n\n这条声明能否从上下文中得到支持？回答 yes 或 no。",
 }
 
 
@@ -61,12 +61,11 @@ def extract_claims(text: str, question: Optional[str], lang: str, tag: str = "cl
     q = {"en": "Question", "zh": "问题"}[lang]
     t = {"en": "Text", "zh": "文本"}[lang]
     user = (f"{q}: {question}\n" if question else "") + f"{t}: {text}"
-    return request(_EXTRACT[lang], user, CLAIMS, tag)
+    return request(lang, _EXTRACT[lang], user, CLAIMS, tag)
 
 
 def check_claim(claim: str, sources: Sequence[str], lang: str, tag: str = "verdict") -> JudgeRequest:
-    source = numbered(sources) if len(sources) > 1 else sources[0]
-    return request(_CHECK[lang], _CHECK_USER[lang].format(source=source, claim=claim), YES_NO, tag)
+    return request(lang, _CHECK[lang], _CHECK_ITEM[lang].format(claim=claim), YES_NO, tag, sources)
 
 
 def longest_check(text: str, sources: Sequence[str], lang: str) -> JudgeRequest:

@@ -15,17 +15,17 @@ from ..dataset import SingleTurnSample
 from .base import YES_NO, Metric, MetricResult, Plan, p_yes, request, verdict
 
 _PROMPT = {
-    "en": """You are given a question, its reference answer and one retrieved context.
+    "en": """You are given one retrieved context (above), a question and its reference answer.
 Answer "yes" if the context was useful in arriving at the reference answer: it contains information that the answer uses or that supports it.
 Answer "no" if the context does not help to arrive at the reference answer.""",
-    "zh": """给定一个问题、它的参考答案和一段检索到的上下文。
+    "zh": """给定一段检索到的上下文（见上文）、一个问题和它的参考答案。
 如果这段上下文有助于得出参考答案（包含参考答案用到或能支持参考答案的信息），回答 "yes"。
 如果这段上下文对得出参考答案没有帮助，回答 "no"。""",
 }
 
-_USER = {
-    "en": "Question: {q}\nReference answer: {r}\n\nContext: {c}\n\nWas the context useful in arriving at the reference answer? Answer yes or no.",
-    "zh": "问题：{q}\n参考答案：{r}\n\n上下文：{c}\n\n这段上下文是否有助于得出参考答案？回答 yes 或 no。",
+_ITEM = {
+    "en": "Question: {q}\nReference answer: {r}\n\nWas the context useful in arriving at the reference answer? Answer yes or no.",
+    "zh": "问题：{q}\n参考答案：{r}\n\n这段上下文是否有助于得出参考答案？回答 yes 或 no。",
 }
 
 
@@ -50,7 +50,9 @@ class ContextPrecision(Metric):
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         q, r = sample.user_input, sample.reference
-        outputs = yield [request(_PROMPT[lang], _USER[lang].format(q=q, r=r, c=c), YES_NO, f"context[{i}]")
+        # One call per context, showing that context alone (Ragas' semantics): each context is computed once.
+        item = _ITEM[lang].format(q=q, r=r)
+        outputs = yield [request(lang, _PROMPT[lang], item, YES_NO, f"context[{i}]", [c])
                          for i, c in enumerate(sample.retrieved_contexts)]
         verdicts = [verdict(o) for o in outputs]
         marks = "".join({True: "1", False: "0", None: "?"}[v] for v in verdicts)

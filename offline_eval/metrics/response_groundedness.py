@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..constraints import Choice
 from ..dataset import SingleTurnSample
-from .base import Metric, Plan, numbered, request, two_judges
+from .base import Metric, Plan, request, two_judges
 
 RATING = Choice(("0", "1", "2"))
 
@@ -37,9 +37,9 @@ I reply with the rating only: 0, 1 or 2.""",
 我只回复分数：0、1 或 2。""",
 }
 
-_USER = {
-    "en": "### Context:\n{c}\n\n### Assertion: {a}\n\nThe groundedness rating (0, 1 or 2) is:",
-    "zh": "### 上下文：\n{c}\n\n### 断言：{a}\n\n依据性评分（0、1 或 2）：",
+_ITEM = {
+    "en": "### Assertion: {a}\n\nThe groundedness rating (0, 1 or 2) is:",
+    "zh": "### 断言：{a}\n\n依据性评分（0、1 或 2）：",
 }
 
 LABELS = {"0": "the response is not grounded in the contexts",
@@ -54,7 +54,7 @@ class ResponseGroundedness(Metric):
     constraints = (RATING,)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
-        user = _USER[lang].format(c=numbered(sample.retrieved_contexts), a=sample.response)
-        first = request(_JUDGE1[lang], user, RATING, "judge1")
-        second = request(_JUDGE2[lang], user, RATING, "judge2")
+        item, contexts = _ITEM[lang].format(a=sample.response), sample.retrieved_contexts
+        first = request(lang, _JUDGE1[lang], item, RATING, "judge1", contexts)
+        second = request(lang, _JUDGE2[lang], item, RATING, "judge2", contexts)
         return (yield from two_judges(first, second, 2, LABELS))

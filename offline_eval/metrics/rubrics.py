@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..constraints import JsonSchema, enum, obj, string
 from ..dataset import SingleTurnSample
-from .base import Metric, MetricResult, Plan, numbered, request
+from .base import Metric, MetricResult, Plan, request
 
 MAX_FEEDBACK_CHARS = 300
 
@@ -50,8 +50,8 @@ Scoring rubric:
 }
 
 _LABELS = {
-    "en": {"q": "Question", "c": "Retrieved contexts", "a": "Response", "r": "Reference answer"},
-    "zh": {"q": "问题", "c": "检索到的上下文", "a": "回答", "r": "参考答案"},
+    "en": {"q": "Question", "a": "Response", "r": "Reference answer"},
+    "zh": {"q": "问题", "a": "回答", "r": "参考答案"},
 }
 
 
@@ -80,13 +80,12 @@ class RubricsScore(Metric):
         parts = []
         if sample.user_input:
             parts.append(f"{label['q']}: {sample.user_input}")
-        if sample.retrieved_contexts:
-            parts.append(f"{label['c']}:\n{numbered(sample.retrieved_contexts)}")
         parts.append(f"{label['a']}: {sample.response}")
         if sample.reference:
             parts.append(f"{label['r']}: {sample.reference}")
-        system = _PROMPT[lang].format(rubric=rubric_text(rubrics))
-        (out,) = yield [request(system, "\n\n".join(parts), SCORE, "rubric")]
+        task = _PROMPT[lang].format(rubric=rubric_text(rubrics))
+        (out,) = yield [request(lang, task, "\n\n".join(parts), SCORE, "rubric",
+                                (sample.retrieved_contexts or None))]
         if out.value is None:
             return MetricResult(None, f"grading failed: {out.meta.get('error')}")
         return MetricResult(float(out.value["score"]), out.value["feedback"], dict(out.value))
