@@ -288,8 +288,7 @@ class _Feed:
         # of a kill. Sorting keeps requests that share a prompt prefix in the same chunk, back to back.
         size = min(self.chunk_size, getattr(self.engine, "batch_size", None) or self.chunk_size) \
             if self.cache is not None else max(len(todo), 1)
-        if len(todo) > size:
-            todo.sort(key=prefix_order)
+        todo.sort(key=prefix_order)
         cost: dict[str, float] = {}
         for start in range(0, len(todo), size):
             chunk = todo[start:start + size]
