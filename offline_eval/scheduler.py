@@ -142,6 +142,7 @@ def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: R
         # prompt's prefix: run each sample's plans to the end before the next sample's, so its contexts are
         # computed once for all its metrics and stages (the waves order them last and back to back).
         for row in tasks:
+            feed.contexts_last = False  # nothing of the previous sample is worth keeping: its contexts go last
             _run_waves([t for t in row if t.result is None], feed, embedder, progress, stats)
     else:
         _run_waves(live, feed, embedder, progress, stats)
@@ -262,6 +263,7 @@ class _Feed:
     engine: Engine
     cache: Optional[JudgeCache]
     chunk_size: int
+    contexts_last: bool = False  # the last request sent showed a sample's contexts (prefix_order)
 
     def lookup(self, requests: Sequence[JudgeRequest], stats: RunStats) -> dict[str, JudgeOutput]:
         """What the cache holds of `requests`, by request key."""
@@ -288,7 +290,9 @@ class _Feed:
         # of a kill. Sorting keeps requests that share a prompt prefix in the same chunk, back to back.
         size = min(self.chunk_size, getattr(self.engine, "batch_size", None) or self.chunk_size) \
             if self.cache is not None else max(len(todo), 1)
-        todo.sort(key=prefix_order)
+        todo.sort(key=lambda r: prefix_order(r, self.contexts_last))
+        if todo:
+            self.contexts_last = todo[-1].shows_contexts
         cost: dict[str, float] = {}
         for start in range(0, len(todo), size):
             chunk = todo[start:start + size]

@@ -12,7 +12,8 @@ import pytest
 
 from offline_eval.metrics.base import JudgeRequest
 from offline_eval.metrics.claims import check_claim
-from offline_eval.metrics.collections import ALL, ContextRelevance, Faithfulness, ResponseGroundedness
+from offline_eval.metrics.collections import (ALL, AnswerCorrectness, ContextRelevance, Faithfulness,
+                                              ResponseGroundedness)
 from offline_eval.scheduler import RunStats, run_metrics
 from offline_eval.dataset import to_sample, load_rows
 from scripted import ScriptedJudge, TableEmbeddings, any_valid_answer
@@ -124,3 +125,17 @@ def test_a_run_reports_the_prompt_tokens_its_engine_reused(smollm):
     # each context-showing call after the first takes the contexts from the KV cache
     assert stats.reused_prompt_tokens >= (shown - 1) * contexts
     assert stats.prompt_tokens - stats.reused_prompt_tokens < stats.prompt_tokens / 2
+
+
+def test_claim_checks_against_the_reference_do_not_break_the_run_of_context_requests():
+    """Answer Correctness checks claims against the reference and the response, not the contexts: in the
+    verdict stage they go after the claim checks that continue the ratings' contexts."""
+    judge = SequentialJudge(any_valid_answer)
+    rows = [marked(i) | {"reference": f"Marker {i} reference: it floods."} for i in range(2)]
+    texts = [t for r in rows for t in (r["response"], r["reference"])]
+    embeddings = TableEmbeddings({t: [1.0, float(i)] for i, t in enumerate(texts)})
+    metrics = [AnswerCorrectness(), Faithfulness(), ResponseGroundedness()]
+    run_metrics([to_sample(r) for r in load_rows(rows)], metrics, judge=judge, embeddings=embeddings)
+    for i in range(2):
+        shown = "".join("T" if r.shows_contexts else "F" for r in judge.requests if f"Marker {i}" in r.messages[-1][1])
+        assert shown.strip("F").count("F") == 0 and shown.count("T") == 3, shown  # 2 ratings, 1 claim check

@@ -92,11 +92,13 @@ class JudgeRequest:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def prefix_order(request: JudgeRequest) -> tuple:
-    """A sort key that keeps requests sharing a prompt prefix back to back, the ones showing contexts last:
-    an engine that reuses the previous prompt's prefix (llama.cpp) then still holds a sample's contexts when
-    its next stage (claim checks) comes."""
-    return request.shows_contexts, request.messages
+def prefix_order(request: JudgeRequest, contexts_first: bool = False) -> tuple:
+    """A sort key that keeps requests sharing a prompt prefix back to back, with the ones that show a sample's
+    contexts after the others (or before them, `contexts_first`). Sorting each stage of a sample so that its
+    first requests are of the kind the previous stage ended with lets an engine that reuses the previous
+    prompt's prefix (llama.cpp) carry the sample's contexts from one stage (ratings) into the next (claim
+    checks)."""
+    return request.shows_contexts != contexts_first, request.messages
 
 
 def prompt_identity(chat_template_kwargs: Optional[dict[str, Any]], merge_system: bool) -> dict[str, Any]:

@@ -64,8 +64,10 @@ class AnswerCorrectness(Metric):
         if answer is None or truth is None:
             failed = out_r if answer is None else out_g
             return MetricResult(None, f"claim extraction failed: {failed.meta.get('error')}")
-        checks = [check_claim(c, [sample.reference], lang, f"in_reference[{i}]") for i, c in enumerate(answer)]
-        checks += [check_claim(c, [sample.response], lang, f"in_response[{i}]") for i, c in enumerate(truth)]
+        checks = [check_claim(c, [sample.reference], lang, f"in_reference[{i}]", retrieved=False)
+                  for i, c in enumerate(answer)]
+        checks += [check_claim(c, [sample.response], lang, f"in_response[{i}]", retrieved=False)
+                   for i, c in enumerate(truth)]
         items: list = checks + ([Embed((sample.response, sample.reference))] if self.needs_embeddings else [])
         results = yield items
         verdicts: list[Optional[bool]] = [verdict(o) for o in results[:len(checks)]]

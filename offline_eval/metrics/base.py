@@ -139,13 +139,14 @@ CONTEXTS_HEADING = {"en": "### Context:", "zh": "### 上下文："}
 
 
 def request(lang: str, task: str, item: str, constraint: Any, tag: str, contexts: Optional[Sequence[str]] = None,
-            sampling: Sampling = Sampling()) -> JudgeRequest:
+            retrieved: bool = True) -> JudgeRequest:
     """A judge request in the shared layout: the shared system turn, then the user turn with `contexts` (if
-    the call shows them), the task's instructions and the item, in that order."""
+    the call shows them), the task's instructions and the item, in that order. `retrieved=False`: the texts in
+    the contexts' place are not the sample's retrieved contexts (a claim checked against the reference)."""
     head = [f"{CONTEXTS_HEADING[lang]}\n{numbered(contexts)}"] if contexts is not None else []
     user = "\n\n".join([*head, task, item])
-    return JudgeRequest((("system", JUDGE_SYSTEM[lang]), ("user", user)), constraint, sampling, tag=tag,
-                        shows_contexts=contexts is not None)
+    return JudgeRequest((("system", JUDGE_SYSTEM[lang]), ("user", user)), constraint, Sampling(), tag=tag,
+                        shows_contexts=contexts is not None and retrieved)
 
 
 def numbered(items: Sequence[str]) -> str:

@@ -64,8 +64,10 @@ def extract_claims(text: str, question: Optional[str], lang: str, tag: str = "cl
     return request(lang, _EXTRACT[lang], user, CLAIMS, tag)
 
 
-def check_claim(claim: str, sources: Sequence[str], lang: str, tag: str = "verdict") -> JudgeRequest:
-    return request(lang, _CHECK[lang], _CHECK_ITEM[lang].format(claim=claim), YES_NO, tag, sources)
+def check_claim(claim: str, sources: Sequence[str], lang: str, tag: str = "verdict",
+                retrieved: bool = True) -> JudgeRequest:
+    """Is `claim` supported by `sources` (the retrieved contexts, unless `retrieved` is False)?"""
+    return request(lang, _CHECK[lang], _CHECK_ITEM[lang].format(claim=claim), YES_NO, tag, sources, retrieved)
 
 
 def longest_check(text: str, sources: Sequence[str], lang: str) -> JudgeRequest:
