@@ -36,9 +36,21 @@ class Fit:
     note: str = ""  # what was cut, or why it cannot be scored
 
 
-def fitted_plan(metric: Metric, sample: SingleTurnSample, lang: str, engine: Any, policy: str) -> Plan:
-    """`metric.plan` on `sample` with its contexts made to fit the judge, under `policy`."""
-    fit = fit_contexts(metric, sample, lang, engine, policy)
+def fitted_plans(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample, engine: Any,
+                 policy: str) -> list[Plan]:
+    """Each (metric, language)'s plan on `sample`, with the contexts made to fit the judge under `policy`.
+    Under "truncate" the contexts are cut once per sample, to fit the longest prompt of all the metrics: every
+    metric sees the same contexts, so their requests keep one shared prefix (metrics/base.py `request`) and
+    the engine computes the contexts once. Under "error" each metric is measured on its own."""
+    if policy == "truncate":
+        fit = fit_contexts(metrics, sample, engine, policy)
+        fits = [fit if probes_in(m, sample, lang) else Fit(sample) for m, lang in metrics]
+    else:
+        fits = [fit_contexts([pair], sample, engine, policy) for pair in metrics]
+    return [_fitted(metric, fit, lang) for (metric, lang), fit in zip(metrics, fits)]
+
+
+def _fitted(metric: Metric, fit: Fit, lang: str) -> Plan:
     if fit.sample is None:
         return MetricResult(None, f"not scored: {fit.note}", {"long_input": fit.note})
     result = yield from plan_in(metric, fit.sample, lang)
@@ -47,13 +59,14 @@ def fitted_plan(metric: Metric, sample: SingleTurnSample, lang: str, engine: Any
     return result
 
 
-def fit_contexts(metric: Metric, sample: SingleTurnSample, lang: str, engine: Any, policy: str) -> Fit:
+def fit_contexts(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample, engine: Any, policy: str) -> Fit:
+    """`sample` with its contexts cut so that the context-showing prompts of every (metric, language) fit."""
     if policy not in POLICIES:
         raise ValueError(f"long_inputs must be one of {', '.join(POLICIES)}, not {policy!r}")
     size = getattr(engine, "context_size", None)
     if not (sample.retrieved_contexts and size and hasattr(engine, "count_tokens")):
         return Fit(sample)
-    probes = probes_in(metric, sample, lang)
+    probes = _probes(metrics, sample)
     if not probes or all(_surely_fits(r, size) for r in probes):
         return Fit(sample)
     over = _overflow(engine, probes, size)
@@ -70,7 +83,7 @@ def fit_contexts(metric: Metric, sample: SingleTurnSample, lang: str, engine: An
         if not any(c.strip() for c in contexts):
             break
         trial = dataclasses.replace(sample, retrieved_contexts=contexts)
-        over = _overflow(engine, probes_in(metric, trial, lang), size)
+        over = _overflow(engine, _probes(metrics, trial), size)
         sizes = engine.count_tokens(contexts)
         if over <= 0:
             cuts = ", ".join(f"context {i} from {a} to {b} tokens"
@@ -79,6 +92,10 @@ def fit_contexts(metric: Metric, sample: SingleTurnSample, lang: str, engine: An
                               f"{cuts}")
     return Fit(None, f"the prompt does not fit the judge's context window ({size} tokens) even with the "
                      f"retrieved_contexts cut to nothing: another field is too long")
+
+
+def _probes(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample) -> list[JudgeRequest]:
+    return [probe for metric, lang in metrics for probe in probes_in(metric, sample, lang)]
 
 
 def _surely_fits(request: JudgeRequest, size: int) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 from .cache import JudgeCache
 from .dataset import SingleTurnSample
 from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest, prefix_order
-from .long_inputs import fitted_plan
+from .long_inputs import fitted_plans
 from .metrics.base import DEFAULT_SCORING, Embed, Metric, MetricResult, Plan, check_scoring
 
 
@@ -128,8 +128,7 @@ def _first(metrics: Sequence[Metric], attr: str) -> Any:
 def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: RunStats, long_inputs: str,
          pipelined: bool, on_sample=None, scoring: Optional[str] = None):
     started = time.perf_counter()
-    tasks = [[_start(metric, sample, feed.engine, long_inputs, scoring or metric.scoring) for metric in metrics]
-             for sample in samples]
+    tasks = [_start(metrics, sample, feed.engine, long_inputs, scoring) for sample in samples]
     if on_sample is not None:
         _report_samples(tasks, on_sample)
     live = [t for row in tasks for t in row if t.result is None]
@@ -173,16 +172,25 @@ def _report_samples(tasks: list[list[_Task]], on_sample: Callable[[int, dict[str
                 t.on_done = functools.partial(one_done, i)
 
 
-def _start(metric: Metric, sample: SingleTurnSample, engine: Engine, long_inputs: str, scoring: str) -> _Task:
-    """A plan for (sample, metric), run up to its first stage; no plan for a sample that lacks the metric's
-    fields (the default metric set scores each metric on the rows that have them: evaluation.validate)."""
-    lacking = [f for f in metric.required if getattr(sample, f) is None]
-    if lacking:
-        return _Task(metric, iter(()), MetricResult(None, f"row lacks {', '.join(lacking)}").scored_by(scoring))
-    task = _Task(metric, fitted_plan(metric, sample, metric.language_of(sample), engine, long_inputs),
-                 scoring=scoring)
-    _advance(task, None)
-    return task
+def _start(metrics: Sequence[Metric], sample: SingleTurnSample, engine: Engine, long_inputs: str,
+           scoring: Optional[str]) -> list[_Task]:
+    """The sample's plans, one per metric, each run up to its first stage; no plan for a metric whose fields
+    the sample lacks (the default metric set scores each metric on the rows that have them:
+    evaluation.validate)."""
+    lacking = [[f for f in m.required if getattr(sample, f) is None] for m in metrics]
+    scored = [m for m, missing in zip(metrics, lacking) if not missing]
+    plans = iter(fitted_plans([(m, m.language_of(sample)) for m in scored], sample, engine, long_inputs))
+    tasks = []
+    for metric, missing in zip(metrics, lacking):
+        task_scoring = scoring or metric.scoring
+        if missing:
+            result = MetricResult(None, f"row lacks {', '.join(missing)}").scored_by(task_scoring)
+            tasks.append(_Task(metric, iter(()), result))
+            continue
+        task = _Task(metric, next(plans), scoring=task_scoring)
+        _advance(task, None)
+        tasks.append(task)
+    return tasks
 
 
 def _run_waves(tasks: list[_Task], feed: "_Feed", embedder, progress: Progress, stats: RunStats) -> None:

@@ -62,10 +62,20 @@ def test_truncate_cuts_the_contexts_to_fit_and_warns_per_row(metric):
     assert "long_input" in result.records()[0]["metrics"][metric]["details"]
 
 
+def test_truncate_cuts_the_contexts_once_per_sample_so_every_metric_shows_the_same():
+    judge = CountingJudge(answer)
+    metrics = ["context_relevance", "faithfulness", "response_groundedness"]
+    result = evaluate(ROWS[:1], metrics=metrics, llm=judge, show_progress=False)
+    shown = {user_text(r).split("\n\n")[0] for r in judge.requests if r.shows_contexts}
+    assert len(shown) == 1 and words(1000) not in next(iter(shown))  # one cut, shared by all three
+    assert all(fits(judge, r) for r in judge.requests if r.shows_contexts)
+    assert [w.split(": ")[1] for w in result.warnings] == metrics  # each metric still says it was cut
+
+
 def test_truncate_cuts_longest_first_from_the_end():
     contexts = [words(300, "alpha"), words(250, "beta"), "short one"]
     sample = SingleTurnSample(user_input="q", retrieved_contexts=contexts)
-    fit = fit_contexts(ContextRelevance(), sample, "en", CountingJudge(answer), "truncate")
+    fit = fit_contexts([(ContextRelevance(), "en")], sample, CountingJudge(answer), "truncate")
     first, second, third = fit.sample.retrieved_contexts
     assert contexts[0].startswith(first) and contexts[1].startswith(second) and third == "short one"
     assert abs(len(first.split()) - len(second.split())) <= 20  # both cut down to a common level
@@ -100,7 +110,7 @@ def test_inputs_that_fit_are_untouched_and_engines_that_cannot_count_are_not_mea
     assert result.warnings == []
     plain = ScriptedJudge(answer)  # no count_tokens: the engine's own "input too long" handling applies
     result = evaluate(ROWS, metrics=["context_relevance"], llm=plain, show_progress=False)
-    assert result.warnings == [] and words(1000) in user_text(plain.requests[0])
+    assert result.warnings == [] and any(words(1000) in user_text(r) for r in plain.requests)
 
 
 def test_unknown_policy_is_rejected():

@@ -180,7 +180,7 @@ def test_long_contexts_are_cut_to_the_servers_context_window(engine):
 
     sample = SingleTurnSample(user_input="Where does the Danube end?",
                               retrieved_contexts=["The Danube ends in the Black Sea. " * 1500])  # ~12k tokens
-    fit = fit_contexts(ContextRelevance(), sample, "en", engine, "truncate")
+    fit = fit_contexts([(ContextRelevance(), "en")], sample, engine, "truncate")
     assert fit.note.startswith("retrieved_contexts truncated to fit the judge's context window (8192 tokens)")
     probes = ContextRelevance().context_probes(fit.sample, "en")
     assert max(prompt_token_counts(engine, probes)) + 1 <= 8192
@@ -356,3 +356,15 @@ def test_choice_probabilities_come_from_the_answer_position(engine, vllm_server)
     top = r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
     allowed = [t for t in top if RATING.option_of(t["token"])]
     assert allowed and sum(math.exp(t["logprob"]) for t in allowed) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_server_reports_the_prompt_tokens_its_prefix_cache_held(engine):
+    """Our servers start with --enable-prompt-tokens-details, so usage says how many prompt tokens vLLM's
+    prefix cache held: a second claim check over the same contexts computes little more than its claim."""
+    from offline_eval.metrics.claims import check_claim
+
+    contexts = ["The Danube is a river in Europe. " * 40, "It flows into the Black Sea. " * 30]
+    (first,) = engine.generate([check_claim("The Danube is in Europe.", contexts, "en")])
+    (second,) = engine.generate([check_claim("The Danube is in Asia.", contexts, "en")])
+    assert first.prompt_tokens > 600
+    assert second.reused_prompt_tokens >= 0.9 * second.prompt_tokens, (second.prompt_tokens, second.reused_prompt_tokens)
