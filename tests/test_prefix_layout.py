@@ -65,10 +65,13 @@ def test_a_samples_context_requests_share_one_token_prefix_that_holds_every_cont
     assert all(c.strip() in text for c in contexts)
 
 
-def test_every_judge_call_starts_with_the_same_system_turn():
+def test_every_context_request_starts_with_the_same_system_turn_and_the_others_with_their_task():
     for sample in (EN, ZH):
-        systems = {r.messages[0] for r in all_requests(sample)}
+        requests = all_requests(sample)
+        systems = {r.messages[0] for r in requests if r.shows_contexts}
         assert len(systems) == 1 and next(iter(systems))[0] == "system"
+        others = [r for r in requests if not r.shows_contexts]
+        assert others and all(r.messages[0] not in systems for r in others)
 
 
 class SequentialJudge(ScriptedJudge):

@@ -56,7 +56,7 @@ def test_dual_judge_score_is_the_mean_of_scaled_ratings(metric_cls, ratings, exp
     # The probability scoring reads plain answers as certain: the share of templates that gave the top rating.
     top = str(max(int(o) for o in judge.requests[0].constraint.options))
     assert result.scores["probability"] == pytest.approx(sum(r == top for r in ratings) / 2)
-    assert [r.tag for r in judge.requests] == ["judge1", "judge2"]
+    assert sorted(r.tag for r in judge.requests) == ["judge1", "judge2"]
     assert result.details["ratings"] == list(ratings)
 
 

@@ -125,11 +125,14 @@ def probes_in(metric: "Metric", sample: SingleTurnSample, lang: str) -> list[Jud
     return in_language(metric.context_probes(sample, lang if lang in PROMPT_LANGUAGES else "en"), lang)
 
 
-# The prompt layout. Every judge call starts with the same system turn; a call that shows a sample's retrieved
-# contexts shows them next, always in the same form, and only then the metric's instructions and the item
-# (claim, question, rating task). So every call that shows a sample's contexts, across metrics, shares one
-# prompt prefix holding the whole contexts, and an engine that reuses prefixes (llama.cpp's KV cache, vLLM's
-# prefix cache) computes them once per sample instead of once per call.
+# The prompt layout. A judge call that shows a sample's retrieved contexts starts with one system turn shared
+# by every such call, then the contexts, always in the same form, and only then the metric's instructions and
+# the item (claim, question, rating task). So all of a sample's context-showing calls, across metrics, share
+# one prompt prefix holding the whole contexts, and an engine that reuses prefixes (llama.cpp's KV cache,
+# vLLM's prefix cache) computes them once per sample instead of once per call. A call that does not show the
+# contexts (claim extraction, answer accuracy, question generation) keeps its instructions as the system turn,
+# shared by that metric's calls across samples: moving them after a shared system turn made the judge take
+# claims from the question on CiteCheck dev (README, "How well the default judge agrees with people").
 JUDGE_SYSTEM = {
     "en": "You are a careful, impartial judge of texts. Follow the instructions of each task exactly, judge "
           "only by the texts you are given, and reply only in the form the task asks for.",
@@ -140,13 +143,15 @@ CONTEXTS_HEADING = {"en": "### Context:", "zh": "### 上下文："}
 
 def request(lang: str, task: str, item: str, constraint: Any, tag: str, contexts: Optional[Sequence[str]] = None,
             retrieved: bool = True) -> JudgeRequest:
-    """A judge request in the shared layout: the shared system turn, then the user turn with `contexts` (if
-    the call shows them), the task's instructions and the item, in that order. `retrieved=False`: the texts in
-    the contexts' place are not the sample's retrieved contexts (a claim checked against the reference)."""
-    head = [f"{CONTEXTS_HEADING[lang]}\n{numbered(contexts)}"] if contexts is not None else []
-    user = "\n\n".join([*head, task, item])
+    """A judge request in the layout above: with `contexts`, the shared system turn, then a user turn with the
+    contexts, the task's instructions and the item; without, the task's instructions as the system turn and the
+    item as the user turn. `retrieved=False`: the texts in the contexts' place are not the sample's retrieved
+    contexts (a claim checked against the reference), so schedules need not keep them together."""
+    if contexts is None:
+        return JudgeRequest((("system", task), ("user", item)), constraint, Sampling(), tag=tag)
+    user = "\n\n".join([f"{CONTEXTS_HEADING[lang]}\n{numbered(contexts)}", task, item])
     return JudgeRequest((("system", JUDGE_SYSTEM[lang]), ("user", user)), constraint, Sampling(), tag=tag,
-                        shows_contexts=contexts is not None and retrieved)
+                        shows_contexts=retrieved)
 
 
 def numbered(items: Sequence[str]) -> str:
