@@ -10,7 +10,7 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
-from offline_eval.metrics.base import JudgeRequest
+from offline_eval.metrics.base import CONTEXTS_HEADING, JUDGE_SYSTEM, JudgeRequest
 from offline_eval.metrics.claims import check_claim
 from offline_eval.metrics.collections import (ALL, AnswerCorrectness, ContextRelevance, Faithfulness,
                                               ResponseGroundedness)
@@ -65,13 +65,14 @@ def test_a_samples_context_requests_share_one_token_prefix_that_holds_every_cont
     assert all(c.strip() in text for c in contexts)
 
 
-def test_every_context_request_starts_with_the_same_system_turn_and_the_others_with_their_task():
-    for sample in (EN, ZH):
+def test_requests_that_show_contexts_share_the_system_turn_and_the_others_keep_their_task_there():
+    for sample, lang in ((EN, "en"), (ZH, "zh")):
         requests = all_requests(sample)
-        systems = {r.messages[0] for r in requests if r.shows_contexts}
-        assert len(systems) == 1 and next(iter(systems))[0] == "system"
-        others = [r for r in requests if not r.shows_contexts]
-        assert others and all(r.messages[0] not in systems for r in others)
+        for r in requests:
+            (_, system), (_, user) = r.messages
+            assert (system == JUDGE_SYSTEM[lang]) is user.startswith(CONTEXTS_HEADING[lang]), r.tag
+        assert all(r.messages[0][1] == JUDGE_SYSTEM[lang] for r in requests if r.shows_contexts)
+        assert any(r.messages[0][1] != JUDGE_SYSTEM[lang] for r in requests)  # claim extraction, ...
 
 
 class SequentialJudge(ScriptedJudge):
