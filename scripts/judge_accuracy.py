@@ -27,7 +27,7 @@ Examples (from the repository root, with PYTHONPATH=. and OFFLINE_EVAL_THREADS=2
   python scripts/judge_accuracy.py --limit 120 --seed 0 --offset 120     # the next 120 rows: a disjoint subset
   python scripts/judge_accuracy.py --metrics response_groundedness --output rows.csv
   python scripts/judge_accuracy.py --suite sanity
-  python scripts/judge_accuracy.py --suite sets --per-set citecheck=40,wice=24,begin=30   # the README's table
+  python scripts/judge_accuracy.py --suite sets --sets wice,citecheck,begin --per-set wice=20,citecheck=40,begin=20  # README
 
 Rows are taken in a random order fixed by --seed, so (--seed, --offset, --limit) names a reproducible subset
 and two subsets with the same seed and non-overlapping offsets never share a row.
