@@ -366,5 +366,10 @@ def test_the_server_reports_the_prompt_tokens_its_prefix_cache_held(engine):
     contexts = ["The Danube is a river in Europe. " * 40, "It flows into the Black Sea. " * 30]
     (first,) = engine.generate([check_claim("The Danube is in Europe.", contexts, "en")])
     (second,) = engine.generate([check_claim("The Danube is in Asia.", contexts, "en")])
-    assert first.prompt_tokens > 600
-    assert second.reused_prompt_tokens >= 0.9 * second.prompt_tokens, (second.prompt_tokens, second.reused_prompt_tokens)
+    assert first.prompt_tokens > 600 and first.prompt_tokens - first.reused_prompt_tokens > 500
+    # vLLM reuses whole KV blocks only (128 tokens on the CPU build, 16 on GPUs), so the second request computes
+    # what follows the contexts (the task, the claim, the chat template's tail) plus at most one block.
+    after_contexts = check_claim("The Danube is in Asia.", contexts, "en").messages[1][1].split(contexts[-1])[1]
+    (tail,) = engine.count_tokens([after_contexts])
+    computed = second.prompt_tokens - second.reused_prompt_tokens
+    assert 0 < computed <= 127 + tail + 8, (second.prompt_tokens, second.reused_prompt_tokens, tail)
