@@ -437,9 +437,7 @@ def view(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Keep the loopback default: anyone who reaches another interface can read the results and change the labels."),
 ) -> None:
     """Browse, explain and label a results file in a local web page (no network, nothing fetched); Ctrl-C stops it."""
-    import ipaddress
-
-    from .viewer.server import Viewer, make_server
+    from .viewer.server import Viewer, is_loopback, make_server
 
     try:
         viewer = Viewer.open(results, results_b, labels)
@@ -449,11 +447,7 @@ def view(
         server = make_server(viewer, host, port)
     except OSError as exc:
         raise _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port", EXIT_BAD_INPUT)
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(host):
         err.print(f"[bold yellow]warning:[/] listening on {host}, not on loopback: other hosts can read these results "
                   "and change the labels", highlight=False)
     bound_host, bound_port = server.server_address[:2]

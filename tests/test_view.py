@@ -328,3 +328,24 @@ def test_two_runs_side_by_side_largest_differences_first(tmp_path, serve, browse
     shot = tmp_path / "compare.png"
     page.screenshot(path=str(shot))
     assert_not_blank(shot)
+
+
+def test_only_loopback_requests_and_json_posts_are_answered(tmp_path, serve):
+    """On loopback the viewer refuses another Host (DNS rebinding) and a POST that a web form could send."""
+    import urllib.error
+    import urllib.request
+
+    from offline_eval.viewer.server import is_loopback
+
+    url = serve(Viewer.open(write_results(tmp_path / "run.jsonl", 2)))
+    assert json.loads(urllib.request.urlopen(url + "api/meta").read())["rows"] == 2
+    requests = [urllib.request.Request(url + "api/meta", headers={"Host": "rebound.example:80"}),
+                urllib.request.Request(url + "api/label", data=b"row=1&metric=faithfulness&value=1",
+                                       headers={"Content-Type": "application/x-www-form-urlencoded"})]
+    for request, status in zip(requests, (403, 415)):
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(request)
+        assert error.value.code == status
+    assert not (tmp_path / "run.labels.jsonl").exists()
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")

@@ -114,9 +114,10 @@ class LabelsStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-        folder = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        if hasattr(os, "O_DIRECTORY"):  # POSIX: make the rename itself durable
+            folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
         self.entries = kept

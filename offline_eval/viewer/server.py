@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import threading
@@ -127,11 +128,24 @@ def _clip(value: Any) -> str:
     return text if len(text) <= CLIP else text[:CLIP] + " …"
 
 
-def make_handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
+
+
+def make_handler(viewer: Viewer, loopback: bool) -> type[BaseHTTPRequestHandler]:
     page = PAGE.read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "offline-eval-view"
+
+        def parse_request(self) -> bool:
+            """On loopback, answer only requests addressed to loopback: a web page whose own host name is
+            made to resolve to 127.0.0.1 (DNS rebinding) must not read the results or change the labels."""
+            if not super().parse_request():
+                return False
+            if loopback and urlsplit("//" + self.headers.get("Host", "")).hostname not in LOOPBACK_NAMES:
+                self._send(403, b"this viewer answers requests to 127.0.0.1 or localhost only", "text/plain")
+                return False
+            return True
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)
@@ -192,8 +206,15 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot send {type(value).__name__} as JSON")
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def make_server(viewer: Viewer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A server bound to host:port (port 0: any free one; `server.server_address` says which)."""
-    server = ThreadingHTTPServer((host, port), make_handler(viewer))
+    server = ThreadingHTTPServer((host, port), make_handler(viewer, is_loopback(host)))
     server.daemon_threads = True
     return server
