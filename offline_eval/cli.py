@@ -1,4 +1,4 @@
-"""The command line: `offline-eval run`, `serve`, `compare`, `report`, `models` and `cache`.
+"""The command line: `offline-eval run`, `serve`, `compare`, `report`, `view`, `models` and `cache`.
 
 Exit codes (each outcome has its own, with a one-line message and no traceback):
   0    success (and the gate passed)
@@ -426,6 +426,42 @@ def report(
     output = output or results.with_suffix(".html")
     output.write_text(results_report(records, str(results), worst), encoding="utf-8")
     out.print(f"report: {output}", highlight=False)
+
+
+@app.command()
+def view(
+    results: Path = typer.Argument(..., help="A results file written by `offline-eval run` (JSONL)."),
+    results_b: Optional[Path] = typer.Argument(None, help="A second run over the same rows (another judge, or after a change): shown side by side, largest score differences first."),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="The labels file to write (and resume from), in the format `compare --labels` reads. Default: RESULTS with .labels.jsonl."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="The port (0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind. Keep the loopback default: anyone who reaches another interface can read the results and change the labels."),
+) -> None:
+    """Browse, explain and label a results file in a local web page (no network, nothing fetched); Ctrl-C stops it."""
+    from .viewer.server import Viewer, is_loopback, make_server
+
+    try:
+        viewer = Viewer.open(results, results_b, labels)
+    except DataError as exc:
+        raise _fail(str(exc), EXIT_BAD_INPUT)
+    try:
+        server = make_server(viewer, host, port)
+    except OSError as exc:
+        raise _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port", EXIT_BAD_INPUT)
+    if not is_loopback(host):
+        err.print(f"[bold yellow]warning:[/] listening on {host}, not on loopback: other hosts can read these results "
+                  "and change the labels", highlight=False)
+    bound_host, bound_port = server.server_address[:2]
+    if viewer.labels.warning:
+        err.print(f"[bold yellow]warning:[/] {viewer.labels.warning}", highlight=False)
+    out.print(f"{len(viewer.a)} rows; labels: {viewer.labels.path} ({len(viewer.labels.labelled_rows())} labelled)",
+              highlight=False)
+    out.print(f"open http://{bound_host}:{bound_port}/ ; Ctrl-C stops", highlight=False)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        err.print("stopped")
+    finally:
+        server.server_close()
 
 
 @models_app.command("list")

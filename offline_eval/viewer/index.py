@@ -1,0 +1,174 @@
+"""A byte-offset index of a JSONL results file: where each record starts, and only the few numbers that sort
+and filter need (per metric its value, failed calls and whether a dual judge's two ratings disagree). The
+records themselves stay on disk and are read back a page at a time, so a 100k-row file costs a few MB."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..dataset import FIELDS, DataError
+
+SORTS = ("row", "score", "diff")
+
+
+def inputs_digest(record: dict[str, Any]) -> int:
+    """A fingerprint of a record's metric inputs: two files hold the same sample when their rows have equal
+    row numbers and equal digests."""
+    text = json.dumps([record.get(f) for f in FIELDS], ensure_ascii=False, sort_keys=True)
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+@dataclass
+class Query:
+    metric: Optional[str] = None  # the metric that `lo`/`hi`, `failed`, `disagree` and the score sorts use
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    failed: bool = False  # only rows with a failed judge call (for `metric`, or any metric without one)
+    disagree: bool = False  # only rows whose two judge templates gave different ratings
+    sort: str = "row"  # row, score (of `metric`) or diff (|A - B| of `metric`, with a second run)
+    descending: bool = False
+
+
+class ResultsIndex:
+    def __init__(self, path: Path, offsets: list[int], rows: list[int], digests: list[int],
+                 values: dict[str, list[float]], failed: dict[str, list[int]], disagree: dict[str, list[bool]]):
+        self.path = path
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.digests = np.asarray(digests, dtype=np.uint64)
+        self.metrics = list(values)
+        self.values = {m: np.asarray(v, dtype=float) for m, v in values.items()}
+        self.failed = {m: np.asarray(v, dtype=np.int32) for m, v in failed.items()}
+        self.disagree = {m: np.asarray(v, dtype=bool) for m, v in disagree.items()}
+        self.position = {int(r): i for i, r in enumerate(self.rows)}  # results row number -> position
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def build(cls, path: str | Path) -> "ResultsIndex":
+        """Scan the file once. A line that is not a results record stops with a DataError naming the line."""
+        path = Path(path)
+        if path.suffix.lower() == ".parquet":
+            raise DataError(f"{path}: `view` reads JSONL results; write them with `run -o NAME.jsonl`")
+        offsets, rows, digests, seen = [], [], [], {}
+        columns: dict[str, tuple[list, list, list]] = {}  # metric -> (values, failed, disagree), one per row
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+        with f:
+            offset, number = 0, 0
+            for raw in f:
+                number += 1
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                record = _parse(path, number, raw)
+                row = record["row"]
+                if row in seen:
+                    raise DataError(f"{path} line {number}: row {row} again (first on line {seen[row]})")
+                seen[row] = number
+                for metric in record.get("metrics", {}):
+                    if metric not in columns:  # a metric first seen here: earlier rows have no value for it
+                        columns[metric] = ([math.nan] * len(rows), [0] * len(rows), [False] * len(rows))
+                for metric, (values, failed, disagree) in columns.items():
+                    entry = record.get("metrics", {}).get(metric) or {}
+                    value = entry.get("value")
+                    values.append(float(value) if isinstance(value, (int, float)) else math.nan)
+                    failed.append(int(entry.get("failed_calls") or 0))
+                    ratings = (entry.get("details") or {}).get("ratings")
+                    disagree.append(isinstance(ratings, list) and None not in ratings and len(set(map(str, ratings))) > 1)
+                offsets.append(start)
+                rows.append(row)
+                digests.append(inputs_digest(record))
+        if not rows:
+            raise DataError(f"{path} has no records: an offline-eval results file has one JSON record per row")
+        return cls(path, offsets, rows, digests, {m: c[0] for m, c in columns.items()},
+                   {m: c[1] for m, c in columns.items()}, {m: c[2] for m, c in columns.items()})
+
+    def record(self, position: int) -> dict[str, Any]:
+        """The full record at `position` (0-based, file order), read from disk."""
+        with open(self.path, "rb") as f:
+            f.seek(int(self.offsets[position]))
+            return json.loads(f.readline())
+
+    def records(self, positions: Any) -> list[dict[str, Any]]:
+        with open(self.path, "rb") as f:
+            out = []
+            for p in positions:
+                f.seek(int(self.offsets[p]))
+                out.append(json.loads(f.readline()))
+            return out
+
+    def select(self, query: Query, other: Optional["ResultsIndex"] = None) -> np.ndarray:
+        """Positions matching `query`, in its order. Rows with no value sort last in either direction.
+        `other` (a second run over the same rows) gives the `diff` sort."""
+        metric = query.metric
+        if metric is not None and metric not in self.values:
+            raise ValueError(f"no metric {metric!r}; metrics: {', '.join(self.metrics)}")
+        keep = np.ones(len(self), dtype=bool)
+        if metric is not None and (query.lo is not None or query.hi is not None):
+            values = self.values[metric]
+            keep &= ~np.isnan(values)
+            if query.lo is not None:
+                keep &= values >= query.lo
+            if query.hi is not None:
+                keep &= values <= query.hi
+        if query.failed:
+            failed = [self.failed[metric]] if metric else list(self.failed.values())
+            keep &= np.any([f > 0 for f in failed], axis=0) if failed else False
+        if query.disagree:
+            disagree = [self.disagree[metric]] if metric else list(self.disagree.values())
+            keep &= np.any(disagree, axis=0) if disagree else False
+        positions = np.flatnonzero(keep)
+        if query.sort == "row" or metric is None:
+            key = self.rows[positions].astype(float)
+        elif query.sort == "score":
+            key = self.values[metric][positions]
+        elif query.sort == "diff" and other is not None:
+            key = np.abs(self.values[metric] - other.values_like(self, metric))[positions]
+        else:
+            raise ValueError(f"sort must be one of {', '.join(SORTS)} (diff needs a second run)")
+        # NaN last either way: sort by (is NaN, key or -key), stable so ties keep file order
+        order = np.lexsort((-key if query.descending else key, np.isnan(key)))
+        return positions[order]
+
+    def values_like(self, other: "ResultsIndex", metric: str) -> np.ndarray:
+        """This run's values of `metric` in the row order of `other` (which holds the same rows)."""
+        if metric not in self.values:
+            return np.full(len(other), math.nan)
+        mine = np.array([self.position[int(r)] for r in other.rows])
+        return self.values[metric][mine]
+
+    def same_rows(self, other: "ResultsIndex") -> Optional[str]:
+        """None if `other` holds the same samples (row numbers and inputs), else what differs."""
+        mine = dict(zip(self.rows.tolist(), self.digests.tolist()))
+        theirs = dict(zip(other.rows.tolist(), other.digests.tolist()))
+        only_a, only_b = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
+        changed = sorted(r for r in set(mine) & set(theirs) if mine[r] != theirs[r])
+        problems = [f"{len(rows)} row(s) {what} (e.g. row {rows[0]})"
+                    for rows, what in ((only_a, f"only in {self.path}"), (only_b, f"only in {other.path}"),
+                                       (changed, "with different inputs")) if rows]
+        return "; ".join(problems) or None
+
+
+def _parse(path: Path, number: int, raw: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(raw)
+    except UnicodeDecodeError:
+        raise DataError(f"{path} line {number}: not valid UTF-8; results files are UTF-8 JSONL") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("row"), int) or not (
+            isinstance(record.get("metrics"), dict) or "skipped" in record):
+        raise DataError(f"{path} line {number}: not an offline-eval results record (a JSON object with 'row' "
+                        "and 'metrics' or 'skipped', as `offline-eval run` writes)")
+    return record
