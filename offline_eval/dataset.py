@@ -188,12 +188,17 @@ def _parse_jsonl(path: Path, lines: list[str]) -> list[Row]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        records.append(json_line(path, number, line))
         numbers.append(number)
     return _from_records(records, numbers)
+
+
+def json_line(path: Path, number: int, line: str | bytes) -> Any:
+    """One JSONL line parsed; a DataError naming the file, line and column if it is not JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
 
 
 def _parse_json(path: Path, text: str) -> list[Row]:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..dataset import FIELDS, DataError
+from ..dataset import FIELDS, DataError, json_line
 
 SORTS = ("row", "score", "diff")
 
@@ -96,9 +96,7 @@ class ResultsIndex:
 
     def record(self, position: int) -> dict[str, Any]:
         """The full record at `position` (0-based, file order), read from disk."""
-        with open(self.path, "rb") as f:
-            f.seek(int(self.offsets[position]))
-            return json.loads(f.readline())
+        return self.records([position])[0]
 
     def records(self, positions: Any) -> list[dict[str, Any]]:
         with open(self.path, "rb") as f:
@@ -162,11 +160,9 @@ class ResultsIndex:
 
 def _parse(path: Path, number: int, raw: bytes) -> dict[str, Any]:
     try:
-        record = json.loads(raw)
+        record = json_line(path, number, raw)
     except UnicodeDecodeError:
         raise DataError(f"{path} line {number}: not valid UTF-8; results files are UTF-8 JSONL") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(record, dict) or not isinstance(record.get("row"), int) or not (
             isinstance(record.get("metrics"), dict) or "skipped" in record):
         raise DataError(f"{path} line {number}: not an offline-eval results record (a JSON object with 'row' "
