@@ -71,10 +71,12 @@ def test_no_shipped_model_entry_runs_remote_code(name):
     assert [n for n in registry.names(name) if registry.get(n, name).settings.get("trust_remote_code")] == []
 
 
-def test_network_code_lives_only_in_the_judge_server_client_modules():
+def test_network_code_lives_only_in_the_judge_server_client_modules_and_the_viewer():
     package = sorted((REPO / "offline_eval").rglob("*.py"))
-    network = r"^\s*(import|from) (httpx|requests|urllib|socket|http\.client|aiohttp|websockets|huggingface_hub|openai)\b"
+    network = (r"^\s*(import|from) (httpx|requests|urllib|socket|socketserver|http\.client|http\.server|aiohttp|"
+               r"websockets|huggingface_hub|openai)\b")
     users = {line.split(":")[0] for line in lines_matching(network, package)}
-    # http.py: the direct (never proxied) clients the other two use
+    # http.py: the direct (never proxied) clients the other two use; viewer/server.py: `offline-eval view`,
+    # a server on loopback unless --host says otherwise (tests/test_view.py checks it refuses other Host names)
     assert users <= {"offline_eval/engines/vllm_server.py", "offline_eval/engines/vllm_launch.py",
-                     "offline_eval/engines/http.py"}, users
+                     "offline_eval/engines/http.py", "offline_eval/viewer/server.py"}, users
