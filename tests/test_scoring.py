@@ -166,6 +166,7 @@ def test_answer_relevancy_is_the_mean_cosine_to_the_user_input():
                            ("When was Einstein born?", [3, 4, 0], 0)])  # cosine 3/5
     assert result.value == pytest.approx((1 + 0 + 0.6) / 3)
     assert "Where was Einstein born?" in result.reason
+    assert result.details["similarities"] == [1.0, 0.0, 0.6]  # each question's cosine, shown by `view`
 
 
 def test_answer_relevancy_is_zero_when_every_question_is_noncommittal():

@@ -85,6 +85,11 @@ def test_index_pages_sorts_and_filters(tmp_path):
     assert index.rows[index.select(Query("response_groundedness", failed=True))].tolist() == [5]  # sample 4
     disagree = index.select(Query("response_groundedness", disagree=True))
     assert 5 not in index.rows[disagree].tolist() and len(disagree) == 7  # every i % 3 != 0, but i == 4 (failed)
+    # the judge's confidence: its least sure choice; P(yes) 0.9 on even samples, P(no) 0.8 on odd ones
+    unsure = index.select(Query("faithfulness", unsure=0.85))
+    assert index.rows[unsure].tolist() == [2, 4, 6, 8, 10, 12]
+    assert len(index.select(Query("faithfulness", unsure=0.8))) == 0  # strictly below the cut
+    assert len(index.select(Query(unsure=0.85))) == 12  # any metric: every rating's top option has 0.8
     grounded = index.values["response_groundedness"]
     order = grounded[index.select(Query("response_groundedness", sort="score"))]
     assert [v for v in order.tolist() if v == v] == sorted(v for v in grounded.tolist() if v == v)
@@ -261,6 +266,12 @@ def test_browse_filter_explain_label_reload_and_compare(tmp_path, serve, browser
     assert "1 failed call(s)" in page.text_content("#detail")
     page.uncheck("#failed")
     page.select_option("#metric", "faithfulness")
+    page.wait_for_function("document.querySelectorAll('tr.sample').length === 12")
+    page.fill("#unsure-below", "0.85")
+    page.check("#unsure")  # the judge was unsure of a verdict: the odd samples' P(no) 0.8
+    page.wait_for_function("document.querySelectorAll('tr.sample').length === 6")
+    assert [page.locator("tr.sample").nth(i).get_attribute("data-row") for i in range(6)] == ["2", "4", "6", "8", "10", "12"]
+    page.uncheck("#unsure")
     page.wait_for_function("document.querySelectorAll('tr.sample').length === 12")
 
     # open a sample: its reason, claim with verdict and probability, ratings and raw judge calls

@@ -48,14 +48,19 @@ def questions_schema(n: int) -> JsonSchema:
     return JsonSchema.of(obj(questions=array(item, n, min_items=n)), "questions")
 
 
+def similarities(question_vec: np.ndarray, generated_vecs: np.ndarray) -> np.ndarray:
+    """The cosine between the user input and each generated question."""
+    q = question_vec / np.linalg.norm(question_vec)
+    g = generated_vecs / np.linalg.norm(generated_vecs, axis=1, keepdims=True)
+    return g @ q
+
+
 def relevancy_score(question_vec: np.ndarray, generated_vecs: np.ndarray,
                     noncommittal: Sequence[int]) -> float:
     """Mean cosine between the user input and each generated question; 0 if all are noncommittal."""
     if noncommittal and all(noncommittal):
         return 0.0
-    q = question_vec / np.linalg.norm(question_vec)
-    g = generated_vecs / np.linalg.norm(generated_vecs, axis=1, keepdims=True)
-    return float(np.mean(g @ q))
+    return float(np.mean(similarities(question_vec, generated_vecs)))
 
 
 class AnswerRelevancy(Metric):
@@ -88,4 +93,5 @@ class AnswerRelevancy(Metric):
             reason = "the response is noncommittal"
         else:
             reason = "questions the response answers:\n" + "\n".join(f"- {q}" for q in questions)
-        return MetricResult(score, reason, {"questions": questions, "noncommittal": flags})
+        cosines = [round(float(c), 4) for c in similarities(vectors[0], vectors[1:])]
+        return MetricResult(score, reason, {"questions": questions, "noncommittal": flags, "similarities": cosines})

@@ -1,12 +1,14 @@
 """A byte-offset index of a JSONL results file: where each record starts, and only the few numbers that sort
-and filter need (per metric its value, failed calls and whether a dual judge's two ratings disagree). The
-records themselves stay on disk and are read back a page at a time, so a 100k-row file costs a few MB."""
+and filter need (per metric its value, failed calls, whether a dual judge's two ratings disagree, and the
+judge's confidence). The records themselves stay on disk and are read back a page at a time, so a 100k-row
+file costs a few MB; the columns grow in typed arrays while the file is scanned, not in Python lists."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +18,16 @@ import numpy as np
 from ..dataset import FIELDS, DataError, json_line
 
 SORTS = ("row", "score", "diff")
+UNSURE_BELOW = 0.75  # the default "low confidence" cut: some constrained answer of the metric had P(answer) < it
+
+
+def confidence(entry: dict[str, Any]) -> float:
+    """How sure the judge was of a metric's answers: the lowest probability it gave the answer it chose, over
+    the metric's constrained choices (ratings, verdicts); NaN when no call carries probabilities (argmax-only
+    engines, claim lists, rubrics)."""
+    sure = [max(p.values()) for call in entry.get("judge_calls") or []
+            if isinstance(p := call.get("probabilities"), dict) and p]
+    return min(sure) if sure else math.nan
 
 
 def inputs_digest(record: dict[str, Any]) -> int:
@@ -32,13 +44,15 @@ class Query:
     hi: Optional[float] = None
     failed: bool = False  # only rows with a failed judge call (for `metric`, or any metric without one)
     disagree: bool = False  # only rows whose two judge templates gave different ratings
+    unsure: Optional[float] = None  # only rows where the judge's confidence (for `metric`, or any) is below this
     sort: str = "row"  # row, score (of `metric`) or diff (|A - B| of `metric`, with a second run)
     descending: bool = False
 
 
 class ResultsIndex:
     def __init__(self, path: Path, offsets: list[int], rows: list[int], digests: list[int],
-                 values: dict[str, list[float]], failed: dict[str, list[int]], disagree: dict[str, list[bool]]):
+                 values: dict[str, Any], failed: dict[str, Any], disagree: dict[str, Any],
+                 confidence: dict[str, Any]):
         self.path = path
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.rows = np.asarray(rows, dtype=np.int64)
@@ -47,6 +61,7 @@ class ResultsIndex:
         self.values = {m: np.asarray(v, dtype=float) for m, v in values.items()}
         self.failed = {m: np.asarray(v, dtype=np.int32) for m, v in failed.items()}
         self.disagree = {m: np.asarray(v, dtype=bool) for m, v in disagree.items()}
+        self.confidence = {m: np.asarray(v, dtype=float) for m, v in confidence.items()}
         self.position = {int(r): i for i, r in enumerate(self.rows)}  # results row number -> position
 
     def __len__(self) -> int:
@@ -58,8 +73,8 @@ class ResultsIndex:
         path = Path(path)
         if path.suffix.lower() == ".parquet":
             raise DataError(f"{path}: `view` reads JSONL results; write them with `run -o NAME.jsonl`")
-        offsets, rows, digests, seen = [], [], [], {}
-        columns: dict[str, tuple[list, list, list]] = {}  # metric -> (values, failed, disagree), one per row
+        offsets, rows, digests, seen = array("q"), array("q"), array("Q"), {}
+        columns: dict[str, tuple[array, ...]] = {}  # metric -> (values, failed, disagree, confidence), one per row
         try:
             f = open(path, "rb")
         except OSError as exc:
@@ -78,21 +93,23 @@ class ResultsIndex:
                 seen[row] = number
                 for metric in record.get("metrics", {}):
                     if metric not in columns:  # a metric first seen here: earlier rows have no value for it
-                        columns[metric] = ([math.nan] * len(rows), [0] * len(rows), [False] * len(rows))
-                for metric, (values, failed, disagree) in columns.items():
+                        n = len(rows)
+                        columns[metric] = (array("d", [math.nan]) * n, array("i", [0]) * n, array("b", [0]) * n,
+                                           array("d", [math.nan]) * n)
+                for metric, (values, failed, disagree, sure) in columns.items():
                     entry = record.get("metrics", {}).get(metric) or {}
                     value = entry.get("value")
                     values.append(float(value) if isinstance(value, (int, float)) else math.nan)
                     failed.append(int(entry.get("failed_calls") or 0))
                     ratings = (entry.get("details") or {}).get("ratings")
                     disagree.append(isinstance(ratings, list) and None not in ratings and len(set(map(str, ratings))) > 1)
+                    sure.append(confidence(entry))
                 offsets.append(start)
                 rows.append(row)
                 digests.append(inputs_digest(record))
         if not rows:
             raise DataError(f"{path} has no records: an offline-eval results file has one JSON record per row")
-        return cls(path, offsets, rows, digests, {m: c[0] for m, c in columns.items()},
-                   {m: c[1] for m, c in columns.items()}, {m: c[2] for m, c in columns.items()})
+        return cls(path, offsets, rows, digests, *({m: c[k] for m, c in columns.items()} for k in range(4)))
 
     def record(self, position: int) -> dict[str, Any]:
         """The full record at `position` (0-based, file order), read from disk."""
@@ -126,6 +143,9 @@ class ResultsIndex:
         if query.disagree:
             disagree = [self.disagree[metric]] if metric else list(self.disagree.values())
             keep &= np.any(disagree, axis=0) if disagree else False
+        if query.unsure is not None:
+            sure = [self.confidence[metric]] if metric else list(self.confidence.values())
+            keep &= np.any([c < query.unsure for c in sure], axis=0) if sure else False  # NaN: never unsure
         positions = np.flatnonzero(keep)
         if query.sort == "row" or metric is None:
             key = self.rows[positions].astype(float)

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 
 from ..dataset import FIELDS, DataError
-from .index import Query, ResultsIndex
+from .index import UNSURE_BELOW, Query, ResultsIndex
 from .labels_store import LabelsStore, default_path, scale
 
 PAGE = Path(__file__).with_name("page.html")
@@ -57,12 +57,14 @@ class Viewer:
         start = next((i for i, r in enumerate(self.a.rows.tolist()) if r not in labelled), 0)
         return {"source": str(self.a.path), "source_b": str(self.b.path) if self.b else None, "rows": len(self.a),
                 "metrics": self.a.metrics, "scales": {m: scale(m) for m in self.a.metrics},
+                "unsure_below": UNSURE_BELOW,
                 "labels_path": str(self.labels.path), "labelled": len(labelled), "start": start,
                 "warning": self.labels.warning}
 
     def rows(self, params: dict[str, str]) -> dict[str, Any]:
         query = Query(metric=params.get("metric") or None, lo=_number(params.get("lo")), hi=_number(params.get("hi")),
                       failed=params.get("failed") == "1", disagree=params.get("disagree") == "1",
+                      unsure=_number(params.get("unsure")),
                       sort=params.get("sort") or "row", descending=params.get("desc") == "1")
         positions = self.a.select(query, self.b)
         offset = max(0, int(params.get("offset") or 0))
@@ -76,6 +78,7 @@ class Viewer:
         out = {"row": row, "inputs": {f: _clip(record.get(f)) for f in FIELDS if record.get(f) is not None},
                "scores": {m: _finite(self.a.values[m][position]) for m in self.a.metrics},
                "failed": {m: int(self.a.failed[m][position]) for m in self.a.metrics},
+               "confidence": {m: _finite(self.a.confidence[m][position]) for m in self.a.metrics},
                "skipped": record.get("skipped"), "labels": self.labels.labels(row), "note": self.labels.note(row)}
         if self.b is not None:
             b_position = self.b.position[row]
