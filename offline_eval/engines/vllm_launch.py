@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from ..models import ModelSpec
 from .base import EngineError
 from .http import bearer, urlopen
+from .vllm_structured import backend_env
 
 # models.yaml `vllm:` keys -> server flags (None values are left out).
 _FLAGS = {
@@ -157,9 +158,11 @@ def slow_dtype_warning(spec: ModelSpec, cpuinfo: Optional[str] = None, cpu_build
 
 def server_env(spec: ModelSpec) -> dict[str, str]:
     env = dict(os.environ, **OFFLINE_ENV)
-    kv = vllm_settings(spec).get("cpu_kvcache_gb")
+    settings = vllm_settings(spec)
+    kv = settings.get("cpu_kvcache_gb")
     if kv is not None:  # the CPU build's KV cache size; the user's own setting wins
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv))
+    env.update(backend_env(settings.get("structured_outputs_backend"), env))
     return env
 
 
@@ -257,12 +260,14 @@ class ManagedServer:
             return
         from ..metrics import judge_constraints
         from .vllm_server import VllmServerEngine, api_key_from
+        from .vllm_structured import json_mode_for
 
         constraints = judge_constraints() if self.warm_up is True else list(self.warm_up)
         try:
             engine = VllmServerEngine(self.url, served_name(self.spec), name=self.spec.name,
                                       api_key=api_key_from(self.spec.settings),
-                                      json_mode=self.spec.settings.get("json_mode", "grammar"),
+                                      json_mode=json_mode_for(vllm_settings(self.spec).get("structured_outputs_backend"),
+                                                              self.spec.settings.get("json_mode")),
                                       timeout=float(self.spec.settings.get("timeout", 300)))
             self.warm_up_seconds = engine.warm_up(constraints)
         except BaseException as exc:

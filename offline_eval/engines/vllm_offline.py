@@ -12,8 +12,9 @@ vLLM starts an engine-core process (spawned on CPU), so a script that builds thi
 
 Constraints are vLLM `StructuredOutputsParams`: `choice=[...]` for Choice, and for JsonSchema the same GBNF
 grammar the llama.cpp engine uses (`grammar=constraint.gbnf()`, compiled by xgrammar). That grammar allows
-no whitespace or escapes, so `constraint.max_tokens()` bounds the output; vLLM's `json=` mode would let the
-model emit unbounded whitespace (see vllm_server.py). `constraint.parse` checks every output.
+no whitespace or escapes, so `constraint.max_tokens()` bounds the output; xgrammar's `json=` mode would let
+the model emit unbounded whitespace (see vllm_server.py). With backend outlines (no grammars) the schema goes
+as `json=`, which outlines bounds (vllm_structured.py). `constraint.parse` checks every output.
 
 Prompts are measured first (with the model's chat template): one longer than max_model_len would make
 vLLM reject the whole batch, so it is answered with value None and meta["error"], as in the llama.cpp
@@ -33,6 +34,7 @@ from typing import Any, Optional, Sequence
 from ..constraints import Choice
 from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern, prompt_identity
 from .vllm_launch import OFFLINE_ENV
+from .vllm_structured import backend_env, json_mode_for, output_budget, structured_outputs
 
 
 class VllmOfflineEngine:
@@ -57,10 +59,11 @@ class VllmOfflineEngine:
             )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.merge_system = merge_system
+        self.json_mode = json_mode_for(backend)
         if kv_cache_gb is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
-        for key, value in OFFLINE_ENV.items():  # no hub, no usage stats: set before vLLM is imported
-            os.environ.setdefault(key, value)
+        for key, value in {**OFFLINE_ENV, **backend_env(backend, os.environ)}.items():  # before vLLM is imported
+            os.environ.setdefault(key, value)  # (no hub, no usage stats)
         try:
             from vllm import LLM
         except ImportError:
@@ -88,6 +91,7 @@ class VllmOfflineEngine:
             "dtype": dtype,
             **({"quantization": llm_kwargs["quantization"]} if llm_kwargs.get("quantization") else {}),
             **prompt_identity(self.chat_template_kwargs, merge_system),
+            **({"json_mode": self.json_mode} if self.json_mode != "grammar" else {}),  # outputs differ in form
         }
         self._lock = threading.Lock()
 
@@ -95,13 +99,12 @@ class VllmOfflineEngine:
         from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
         c = request.constraint
-        structured = (StructuredOutputsParams(choice=list(c.options)) if isinstance(c, Choice)
-                      else StructuredOutputsParams(grammar=c.gbnf()))
+        budget = output_budget(c, request.max_tokens, request.sampling.max_tokens is not None, self.json_mode)
         return SamplingParams(
             temperature=request.sampling.temperature,
             seed=request.sampling.seed,
-            max_tokens=min(request.max_tokens, room),  # what the prompt leaves, as llama.cpp does
-            structured_outputs=structured,
+            max_tokens=min(budget, room),  # what the prompt leaves, as llama.cpp does
+            structured_outputs=StructuredOutputsParams(**structured_outputs(c, self.json_mode)),
             logprobs=TOP_LOGPROBS if isinstance(c, Choice) else None,  # the options' probabilities
         )
 

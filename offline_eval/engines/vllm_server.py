@@ -37,9 +37,9 @@ Constraints use vLLM's `structured_outputs` request field (vLLM >= 0.12; the leg
                    newlines until max_tokens (502 tokens, finish "length"). The per-request
                    `disable_any_whitespace` field is ignored (vLLM reads only the server's
                    --structured-outputs-config.disable_any_whitespace, and xgrammar 0.2.8 still emits a space
-                   after commas), and \\uXXXX escapes take 6 bytes per character. `json_mode="json"` is kept
-                   only for servers whose backend does not take our GBNF (only xgrammar was verified): start such a
-                   server with --structured-outputs-config.disable_any_whitespace true; max_tokens is doubled.
+                   after commas), and \\uXXXX escapes take 6 bytes per character. `json_mode="json"` is for
+                   backends that take no GBNF: it is the default with `structured_outputs_backend: outlines`,
+                   whose JSON regex is bounded (vllm_structured.py); max_tokens is doubled.
 Whatever the server did, `constraint.parse` checks the text: an output outside the constraint raises
 ConstraintViolation instead of becoming a wrong score.
 
@@ -68,6 +68,7 @@ from .aio import run_sync
 from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, prefix_order, prompt_identity
 from .http import bearer, trust_env
 from ..constraints import Choice, Constraint
+from .vllm_structured import JSON_MODES, output_budget, structured_outputs
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 # Requests in flight. vLLM batches whatever is in flight, so more keeps it busier: on 2 CPU cores with SmolLM2
@@ -106,7 +107,7 @@ class VllmServerEngine:
             import httpx
         except ImportError:
             raise EngineError("the vllm engine needs httpx: pip install httpx (or openai)") from None
-        if json_mode not in ("grammar", "json"):
+        if json_mode not in JSON_MODES:
             raise EngineError(f"json_mode must be 'grammar' or 'json', not {json_mode!r}")
         if max_concurrency < 1:
             raise EngineError("max_concurrency must be at least 1")
@@ -244,14 +245,8 @@ class VllmServerEngine:
     def body(self, request: JudgeRequest) -> dict[str, Any]:
         """The /v1/chat/completions body for one request (public so tests can vary it)."""
         c = request.constraint
-        max_tokens = request.max_tokens
-        if isinstance(c, Choice):
-            structured: dict[str, Any] = {"choice": list(c.options)}
-        elif self.json_mode == "grammar":
-            structured = {"grammar": c.gbnf()}
-        else:
-            structured = {"json": c.schema}
-            max_tokens = 2 * max_tokens if request.sampling.max_tokens is None else max_tokens
+        structured = structured_outputs(c, self.json_mode)
+        max_tokens = output_budget(c, request.max_tokens, request.sampling.max_tokens is not None, self.json_mode)
         if self.max_model_len:
             # vLLM rejects max_tokens > max_model_len outright, but lowers a smaller one to what the prompt
             # leaves (as llama.cpp does): an output that then does not fit ends with finish "length".
