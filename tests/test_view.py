@@ -183,13 +183,16 @@ def test_bad_inputs_get_a_clear_message_and_exit_2(tmp_path):
     bad.write_text("\n".join(lines[:2] + ['{"row": 3, "metrics": {'] + lines[3:]) + "\n")
     other = tmp_path / "other.jsonl"
     other.write_text("\n".join(lines[:5]) + "\n")
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text("\n".join(lines[:3] + [""] + lines[1:2]) + "\n")  # row 2 again, after a blank line
     labels = tmp_path / "labels.jsonl"
     labels.write_text(json.dumps({"results_row": 1, "user_input": "something else", "faithfulness_label": 1}) + "\n")
     cases = [((str(bad),), "bad.jsonl line 3: not valid JSON"),
              ((str(tmp_path / "none.jsonl"),), "cannot read"),
              ((str(good), str(other)), "the two runs are not over the same rows: 7 row(s) only in"),
              ((str(good), "--labels", str(labels)), "is not labels for"),
-             ((str(tmp_path / "x.parquet"),), "`view` reads JSONL results")]
+             ((str(tmp_path / "x.parquet"),), "`view` reads JSONL results"),
+             ((str(twice),), "twice.jsonl line 5: row 2 again (first on line 2)")]
     for args, message in cases:
         proc = cli("view", *args, "--port", "0", cwd=tmp_path)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)

@@ -62,7 +62,14 @@ class ResultsIndex:
         self.failed = {m: np.asarray(v, dtype=np.int32) for m, v in failed.items()}
         self.disagree = {m: np.asarray(v, dtype=bool) for m, v in disagree.items()}
         self.confidence = {m: np.asarray(v, dtype=float) for m, v in confidence.items()}
-        self.position = {int(r): i for i, r in enumerate(self.rows)}  # results row number -> position
+        self._by_row = np.argsort(self.rows, kind="stable")  # positions in row-number order, to find a row
+
+    def position(self, row: int) -> Optional[int]:
+        """The position of results row `row` in the file, or None if the file has no such row."""
+        i = int(np.searchsorted(self.rows, row, sorter=self._by_row))
+        if i < len(self.rows) and self.rows[self._by_row[i]] == row:
+            return int(self._by_row[i])
+        return None
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -73,7 +80,7 @@ class ResultsIndex:
         path = Path(path)
         if path.suffix.lower() == ".parquet":
             raise DataError(f"{path}: `view` reads JSONL results; write them with `run -o NAME.jsonl`")
-        offsets, rows, digests, seen = array("q"), array("q"), array("Q"), {}
+        offsets, rows, digests = array("q"), array("q"), array("Q")
         columns: dict[str, tuple[array, ...]] = {}  # metric -> (values, failed, disagree, confidence), one per row
         try:
             f = open(path, "rb")
@@ -88,9 +95,6 @@ class ResultsIndex:
                     continue
                 record = _parse(path, number, raw)
                 row = record["row"]
-                if row in seen:
-                    raise DataError(f"{path} line {number}: row {row} again (first on line {seen[row]})")
-                seen[row] = number
                 for metric in record.get("metrics", {}):
                     if metric not in columns:  # a metric first seen here: earlier rows have no value for it
                         n = len(rows)
@@ -109,6 +113,7 @@ class ResultsIndex:
                 digests.append(inputs_digest(record))
         if not rows:
             raise DataError(f"{path} has no records: an offline-eval results file has one JSON record per row")
+        _check_unique(path, np.asarray(rows, dtype=np.int64), np.asarray(offsets, dtype=np.int64))
         return cls(path, offsets, rows, digests, *({m: c[k] for m, c in columns.items()} for k in range(4)))
 
     def record(self, position: int) -> dict[str, Any]:
@@ -163,7 +168,8 @@ class ResultsIndex:
         """This run's values of `metric` in the row order of `other` (which holds the same rows)."""
         if metric not in self.values:
             return np.full(len(other), math.nan)
-        mine = np.array([self.position[int(r)] for r in other.rows])
+        sorted_rows = self.rows[self._by_row]
+        mine = self._by_row[np.searchsorted(sorted_rows, other.rows)]  # same_rows() checked they all exist
         return self.values[metric][mine]
 
     def same_rows(self, other: "ResultsIndex") -> Optional[str]:
@@ -176,6 +182,29 @@ class ResultsIndex:
                     for rows, what in ((only_a, f"only in {self.path}"), (only_b, f"only in {other.path}"),
                                        (changed, "with different inputs")) if rows]
         return "; ".join(problems) or None
+
+
+def _check_unique(path: Path, rows: np.ndarray, offsets: np.ndarray) -> None:
+    """A row number twice is an error naming both lines (found after the scan, so the scan keeps no dict)."""
+    order = np.argsort(rows, kind="stable")
+    same = np.flatnonzero(rows[order][1:] == rows[order][:-1])
+    if not len(same):
+        return
+    first, again = sorted(order[same[0]:same[0] + 2].tolist())
+    lines = [_line_at(path, int(offsets[p])) for p in (first, again)]
+    raise DataError(f"{path} line {lines[1]}: row {rows[again]} again (first on line {lines[0]})")
+
+
+def _line_at(path: Path, offset: int) -> int:
+    """The line number of the line starting at byte `offset`: one more than the newlines before it."""
+    count, left = 1, offset
+    with open(path, "rb") as f:
+        while left > 0:
+            block = f.read(min(left, 1 << 20))
+            if not block:
+                break
+            count, left = count + block.count(b"\n"), left - len(block)
+    return count
 
 
 def _parse(path: Path, number: int, raw: bytes) -> dict[str, Any]:

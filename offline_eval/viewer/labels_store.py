@@ -62,7 +62,7 @@ class LabelsStore:
             if not isinstance(row, int):
                 raise DataError(f"{self.path} line {number}: no '{ROW_KEY}'; `view` reads the labels files it "
                                 "writes (give a new --labels path to start one)")
-            position = self.index.position.get(row)
+            position = self.index.position(row)
             if position is None or int(self.index.digests[position]) != inputs_digest(entry):
                 mismatched.append(row)
             self.entries[row] = entry
@@ -98,9 +98,10 @@ class LabelsStore:
 
     def _entry(self, row: int) -> dict[str, Any]:
         if row not in self.entries:
-            if row not in self.index.position:
+            position = self.index.position(row)
+            if position is None:
                 raise ValueError(f"no row {row} in {self.index.path}")
-            record = self.index.record(self.index.position[row])
+            record = self.index.record(position)
             self.entries[row] = {ROW_KEY: row, **{f: record[f] for f in FIELDS if f in record}}
         return self.entries[row]
 

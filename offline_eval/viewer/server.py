@@ -81,16 +81,17 @@ class Viewer:
                "confidence": {m: _finite(self.a.confidence[m][position]) for m in self.a.metrics},
                "skipped": record.get("skipped"), "labels": self.labels.labels(row), "note": self.labels.note(row)}
         if self.b is not None:
-            b_position = self.b.position[row]
+            b_position = self.b.position(row)
             out["scores_b"] = {m: _finite(self.b.values[m][b_position]) if m in self.b.values else None
                                for m in self.a.metrics}
         return out
 
     def sample(self, row: int) -> dict[str, Any]:
-        if row not in self.a.position:
+        position = self.a.position(row)
+        if position is None:
             raise KeyError(row)
-        return {"record": _json_safe(self.a.record(self.a.position[row])),
-                "record_b": _json_safe(self.b.record(self.b.position[row])) if self.b else None,
+        return {"record": _json_safe(self.a.record(position)),
+                "record_b": _json_safe(self.b.record(self.b.position(row))) if self.b else None,
                 "labels": self.labels.labels(row), "note": self.labels.note(row)}
 
     def label(self, body: dict[str, Any]) -> dict[str, Any]:
