@@ -102,7 +102,7 @@ def _transformers(spec: ModelSpec, **options: Any) -> Engine:
     own = dict(spec.settings.get("transformers") or {})
     vllm = vllm_settings(spec)
     settings: dict[str, Any] = {k: vllm[k] for k in ("max_model_len", "chat_template_kwargs") if vllm.get(k) is not None}
-    settings.update({k: own[k] for k in ("device", "dtype", "batch_size", "max_model_len", "chat_template_kwargs")
+    settings.update({k: own[k] for k in ("device", "dtype", "batch_size", "max_model_len", "chat_template_kwargs", "threads")
                      if own.get(k) is not None})
     settings["merge_system"] = spec.settings.get("system_role") == "merge"
     settings.update(options)

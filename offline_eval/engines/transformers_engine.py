@@ -5,7 +5,8 @@ from a GGUF by scripts/convert_gguf_to_hf.py). It is loaded with local_files_onl
 Settings (models.yaml `transformers:` block): `device` (auto: cuda if available, else mps, else cpu), `dtype`
 (auto: bfloat16 on cuda, float16 on mps, float32 on cpu, where bf16 matmuls are slow without bf16
 instructions), `batch_size` (rows per model.generate call, default 8), `max_model_len` (default the model's
-max_position_embeddings), `chat_template_kwargs`.
+max_position_embeddings), `chat_template_kwargs`, `threads` (torch's CPU threads for the whole process; default
+$OFFLINE_EVAL_THREADS, else torch's own choice: on a busy machine fewer threads can be much faster).
 
 Constraints are outlines output types: `Literal[options]` for a Choice and `outlines.types.JsonSchema(schema,
 whitespace_pattern="")` for a JsonSchema (no optional whitespace, so `constraint.max_tokens()` bounds the
@@ -24,6 +25,7 @@ meta["error"], as in the vLLM engine; completion_tokens counts the generated tok
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from itertools import groupby
 from pathlib import Path
@@ -78,6 +80,7 @@ class TransformersEngine:
         max_model_len: Optional[int] = None,
         chat_template_kwargs: Optional[dict[str, Any]] = None,
         merge_system: bool = False,
+        threads: Optional[int] = None,
     ):
         self.model_dir = Path(model_dir).expanduser()
         if not (self.model_dir / "config.json").is_file():
@@ -94,6 +97,9 @@ class TransformersEngine:
             raise EngineError(f"the transformers engine needs torch, transformers and outlines ({exc}): "
                               f"pip install 'offline-eval[transformers]'") from None
         self.device = pick_device(device)
+        threads = threads or int(os.environ.get("OFFLINE_EVAL_THREADS", 0))
+        if threads and self.device == "cpu":  # torch's threads are per process: only when asked for
+            torch.set_num_threads(threads)
         self.dtype = DEFAULT_DTYPES.get(self.device.split(":")[0], "float32") if dtype == "auto" else dtype
         self.max_batch = max(1, int(batch_size))
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
