@@ -152,3 +152,23 @@ def test_run_faithfulness_end_to_end(tmp_path):
         result = record["metrics"]["faithfulness"]
         assert result["value"] is None or 0 <= result["value"] <= 1
     assert "transformers" in run.stdout
+
+
+def test_the_models_yaml_entry_and_its_transformers_block():
+    from offline_eval.engines.registry import load_engine
+    from offline_eval.models import Registry
+
+    smollm_hf_dir()
+    spec = Registry.load().get("smollm2-135m-transformers")
+    assert spec.engine == "transformers" and spec.settings["transformers"]["device"] == "auto"
+    engine = load_engine(spec, threads=int(THREADS))
+    try:
+        assert engine.identity["engine"] == "transformers" and engine.identity["model"] == spec.name
+        assert engine.max_batch == 8 and engine.max_model_len == 8192
+        from offline_eval.engines.transformers_engine import DEFAULT_DTYPES, pick_device
+
+        assert engine.device == pick_device() and engine.dtype == DEFAULT_DTYPES[engine.device]  # both auto
+        (out,) = engine.generate([JudgeRequest(BANANA, RATING)])
+        assert out.value in RATING.options
+    finally:
+        engine.close()
