@@ -80,7 +80,7 @@ def run(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Per-sample results: .jsonl, or .parquet. Default: <data file stem>.results.jsonl in the current directory."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Score the valid rows and record the invalid ones as skipped, instead of stopping."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Embedding model (models.yaml name or a folder)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Override the model's engine: vllm (server) or vllm-offline (in process) for a vLLM model."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Override the model's engine: vllm (server), vllm-offline or transformers (in process) for a model with a Hugging Face folder."),
     server: str = typer.Option("auto", "--server", help="vLLM server models: auto (use the model's base_url if it answers, else start a server for the run), connect (only use a running one), start (always start one for the run)."),
     cache: Optional[Path] = CACHE_PATH,
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the judge-call cache."),

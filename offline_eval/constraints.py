@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 # A string character: anything but a quote, a backslash or a control character. Excluding escapes keeps
 # the worst case at 4 UTF-8 bytes per character and keeps JSON strings single-line.
@@ -65,6 +65,18 @@ class Choice:
                 if option.startswith(token_text):
                     return option
         return None
+
+    def first_tokens(self, tokenize: Callable[[str], list[int]]) -> dict[int, str]:
+        """The tokens this Choice allows first, {token id: text}: every option prefix ("y", "ye", "yes") that
+        `tokenize` (plain text, no special tokens) turns into one token. An engine reads their logits at the
+        answer position for distribution()."""
+        first: dict[int, str] = {}
+        for option in self.options:
+            for end in range(1, len(option) + 1):
+                ids = tokenize(option[:end])
+                if len(ids) == 1:
+                    first[ids[0]] = option[:end]
+        return first
 
     def distribution(self, first_tokens: Iterable[tuple[str, float]]) -> Optional[dict[str, float]]:
         """{option: probability} from (token text, log-probability) pairs of the first generated position,

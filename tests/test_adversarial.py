@@ -80,7 +80,7 @@ def test_vllm_tokenizer_path_never_turns_user_text_into_control_tokens():
     from vllm_support import smollm_hf_dir
 
     transformers = pytest.importorskip("transformers")
-    from offline_eval.engines.vllm_offline import special_tokens
+    from offline_eval.engines.hf_tokenizer import special_tokens
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm_hf_dir()), local_files_only=True)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -125,12 +125,7 @@ class LlamaCppEngine:
         """The tokens a Choice allows first: every option prefix that is one token ("y", "ye", "yes"), as
         (texts, ids)."""
         if choice.key not in self._first:
-            pairs = {}
-            for option in choice.options:
-                for end in range(1, len(option) + 1):
-                    ids = self._llm.tokenize(option[:end].encode(), add_bos=False, special=False)
-                    if len(ids) == 1:
-                        pairs[ids[0]] = option[:end]
+            pairs = choice.first_tokens(lambda text: self._llm.tokenize(text.encode(), add_bos=False, special=False))
             self._first[choice.key] = (list(pairs.values()), np.array(list(pairs), dtype=np.intp))
         return self._first[choice.key]
 

@@ -90,12 +90,35 @@ def _vllm_offline(spec: ModelSpec, **options: Any) -> Engine:
     return VllmOfflineEngine(path, name=spec.name, **settings)
 
 
-ENGINES: dict[str, Callable[..., Engine]] = {"llamacpp": _llamacpp, "vllm": _vllm, "vllm-offline": _vllm_offline}
+def _transformers(spec: ModelSpec, **options: Any) -> Engine:
+    """transformers in process on the entry's Hugging Face folder, constrained by outlines, with its
+    `transformers:` settings (chat_template_kwargs and max_model_len default to the `vllm:` block's).
+    See transformers_engine.py."""
+    from ..models import ModelError
+    from .transformers_engine import TransformersEngine
+    from .vllm_launch import vllm_settings
+
+    try:
+        path = spec.weights_path()
+    except ModelError as exc:
+        raise EngineError(f"model {spec.name!r}: {exc}") from None
+    own = dict(spec.settings.get("transformers") or {})
+    vllm = vllm_settings(spec)
+    settings: dict[str, Any] = {k: vllm[k] for k in ("max_model_len", "chat_template_kwargs") if vllm.get(k) is not None}
+    settings.update({k: own[k] for k in ("device", "dtype", "batch_size", "max_model_len", "chat_template_kwargs", "threads")
+                     if own.get(k) is not None})
+    settings["merge_system"] = spec.settings.get("system_role") == "merge"
+    settings.update(options)
+    return TransformersEngine(path, name=spec.name, **settings)
+
+
+ENGINES: dict[str, Callable[..., Engine]] = {"llamacpp": _llamacpp, "vllm": _vllm, "vllm-offline": _vllm_offline,
+                                             "transformers": _transformers}
 
 
 def load_engine(spec: ModelSpec, engine: Optional[str] = None, **options: Any) -> Engine:
-    """The engine for a models.yaml entry; `engine` overrides the entry's (vllm <-> vllm-offline run the
-    same Hugging Face folder)."""
+    """The engine for a models.yaml entry; `engine` overrides the entry's (vllm, vllm-offline and transformers
+    run the same Hugging Face folder)."""
     name = engine or spec.engine
     try:
         factory = ENGINES[name]
@@ -103,7 +126,7 @@ def load_engine(spec: ModelSpec, engine: Optional[str] = None, **options: Any) -
         raise EngineError(f"model {spec.name!r}: unknown engine {name!r}; available: {', '.join(ENGINES)}") from None
     if engine and engine != spec.engine and "llamacpp" in (engine, spec.engine):
         raise EngineError(f"model {spec.name!r} is a {spec.engine} model; it cannot run on {engine} "
-                          f"(llama.cpp takes GGUF files, vLLM Hugging Face folders)")
+                          f"(llama.cpp takes GGUF files, vLLM and transformers Hugging Face folders)")
     if name != "vllm":
         options.pop("server", None)
         if {"base_url", "base_urls"} & set(options):

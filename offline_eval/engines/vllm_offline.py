@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 
 from ..constraints import Choice
 from .base import TOP_LOGPROBS, EngineError, JudgeOutput, JudgeRequest, Progress, control_pattern, prompt_identity
+from .hf_tokenizer import chat_ids, special_tokens
 from .vllm_launch import OFFLINE_ENV
 from .vllm_structured import backend_env, json_mode_for, output_budget, structured_outputs
 
@@ -118,11 +119,7 @@ class VllmOfflineEngine:
         return request.chat(self.merge_system, self._controls)
 
     def prompt_tokens(self, request: JudgeRequest) -> int:
-        ids = self._tokenizer.apply_chat_template(self._chat(request), tokenize=True,
-                                                  add_generation_prompt=True, **self.chat_template_kwargs)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
-        return len(ids)
+        return len(chat_ids(self._tokenizer, self._chat(request), self.chat_template_kwargs))
 
     def generate(
         self, requests: Sequence[JudgeRequest], progress: Optional[Progress] = None
@@ -186,10 +183,3 @@ class VllmOfflineEngine:
         del llm
         gc.collect()
 
-
-def special_tokens(tokenizer: Any) -> list[str]:
-    """A Hugging Face tokenizer's special and added tokens: it matches all of them in text, so user text must
-    never spell one (JudgeRequest.chat neutralises them)."""
-    tokens = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    tokens.update(t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values())
-    return sorted(tokens)
