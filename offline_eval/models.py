@@ -90,11 +90,17 @@ class Registry:
     def names(self, kind: str) -> list[str]:
         return list(self._section(kind))
 
+    def default_names(self, kind: str) -> list[str]:
+        """The default model's name, and for embeddings its fallbacks: `default_embeddings` may be a list, of
+        which the first that loads on this machine is used (judges.embedding_factory)."""
+        value = self.data.get("default_judge" if kind == "judge" else "default_embeddings")
+        return [str(v) for v in value] if isinstance(value, list) else [value]
+
     def get(self, name: Optional[str], kind: str = "judge") -> ModelSpec:
         """A model by registry name (case-insensitive); None gives the default; a path to a .gguf file (or
         to an embeddings folder) is accepted as an ad-hoc model."""
         if name is None:
-            name = self.data.get("default_judge" if kind == "judge" else "default_embeddings")
+            name = self.default_names(kind)[0]
         section = self._section(kind)
         for key, settings in section.items():
             if key.lower() == str(name).lower():
