@@ -474,11 +474,11 @@ def models_list() -> None:
     table = Table(title=f"models ({registry.source})")
     for col in ("kind", "name", "engine", "weights", "description"):
         table.add_column(col)
+    defaults = {registry.data.get("default_judge"), registry.data.get("default_embeddings")}
     for kind in ("judge", "embeddings"):
-        first, *fallbacks = registry.default_names(kind)
         for name in registry.names(kind):
             spec = registry.get(name, kind)
-            label = name + (" (default)" if name == first else " (fallback default)" if name in fallbacks else "")
+            label = name + (" (default)" if name in defaults else "")
             engine = spec.engine if kind == "judge" else spec.settings.get("runtime", "sentence-transformers")
             table.add_row(kind, label, engine, spec.weights_status(), spec.description)
     out.print(table)

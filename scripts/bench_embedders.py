@@ -10,7 +10,8 @@ a matched pair scores above a mismatched one (1.0 = always, 0.5 = chance). 95% C
 Data (../shared/benchmarks, see its README):
   zh  CiteCheck dev: user_input (question) vs response (a statement of the answer), 1000 rows
   en  BEGIN dev (Wizard of Wikipedia): message (the user's turn) vs response, 424 distinct messages
-and, as a second proxy, the answer against its cited passage (first 1000 characters):
+and, as a second proxy on the first 200 rows of each (--context-rows), the answer against its cited passage
+(first 300 characters; long inputs are slow on CPU):
   zh  CiteCheck response vs retrieved_contexts[0];  en  BEGIN response vs knowledge
 
 Usage: OFFLINE_EVAL_THREADS=1 python scripts/bench_embedders.py [--embedders a,b] [--limit N] [--json out.json]
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from offline_eval.judges import embedding_factory  # noqa: E402
 
 BENCHMARKS = ROOT.parent / "shared" / "benchmarks"
-CONTEXT_CHARS = 1000
+CONTEXT_CHARS = 300
 
 
 def citecheck() -> list[dict[str, str]]:
@@ -68,7 +69,8 @@ def roc_auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 def separation(left: np.ndarray, right: np.ndarray, k: int, boots: int, rng: np.random.Generator) -> dict:
     """Matched cosine per row i (left[i], right[i]) against K mismatched ones (left[i], right[i+s]) for K
-    fixed shifts s; the AUC and its bootstrap CI over rows."""
+    fixed shifts s; the AUC and its bootstrap CI over rows. The same seed draws the same shifts and bootstrap
+    rows for every embedder, so the bootstrap samples of two embedders pair up (see paired_differences)."""
     n = len(left)
     shifts = rng.choice(np.arange(1, n), size=k, replace=False)
     matched = (left * right).sum(1)
@@ -79,14 +81,27 @@ def separation(left: np.ndarray, right: np.ndarray, k: int, boots: int, rng: np.
         idx = rng.integers(0, n, n)
         samples.append(roc_auc(matched[idx], mismatched[idx].ravel()))
     low, high = np.percentile(samples, [2.5, 97.5])
-    return {"auc": auc, "low": float(low), "high": float(high), "n": n,
+    return {"auc": auc, "low": float(low), "high": float(high), "n": n, "samples": np.array(samples),
             "matched_mean": float(matched.mean()), "mismatched_mean": float(mismatched.mean())}
+
+
+def paired_differences(results: list[dict]) -> None:
+    """Each embedder's AUC minus the first one's on the same pairs, with a paired bootstrap 95% CI."""
+    for r in results:
+        base = next(b for b in results if (b["lang"], b["pair"]) == (r["lang"], r["pair"]))
+        if r is not base:
+            low, high = np.percentile(r["samples"] - base["samples"], [2.5, 97.5])
+            r["vs_first"] = {"embedder": base["embedder"], "diff": r["auc"] - base["auc"],
+                             "low": float(low), "high": float(high)}
+            print(f"{r['embedder']:24} {r['lang']} {r['pair']:16} AUC - {base['embedder']}: "
+                  f"{r['auc'] - base['auc']:+.3f} [{low:+.3f}, {high:+.3f}]")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embedders", default="all-minilm-l6-v2,multilingual-e5-small,use-multilingual-v3")
     parser.add_argument("--limit", type=int, default=0, help="first N rows per data set (0: all)")
+    parser.add_argument("--context-rows", type=int, default=200, help="rows for the answer-context proxy")
     parser.add_argument("--mismatches", type=int, default=5, help="mismatched pairs per row")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
@@ -99,18 +114,25 @@ def main() -> None:
         embedder = embedding_factory(name)
         for lang, rows in data.items():
             started = time.perf_counter()
-            fields = {f: embedder.embed([r[f] for r in rows]) for f in ("question", "answer", "context")}
+            fields = {f: embedder.embed([r[f] for r in rows]) for f in ("question", "answer")}
+            fields["context"] = embedder.embed([r["context"] for r in rows[: args.context_rows]]) \
+                if args.context_rows else []
             seconds = time.perf_counter() - started
             for pair, (a, b) in PAIRS.items():
+                n = min(len(fields[a]), len(fields[b]))
+                if n < 2:  # --context-rows 0: no answer-context proxy
+                    continue
                 rng = np.random.default_rng(args.seed)
-                r = separation(fields[a], fields[b], args.mismatches, args.bootstrap, rng)
+                r = separation(fields[a][:n], fields[b][:n], args.mismatches, args.bootstrap, rng)
                 r.update(embedder=name, lang=lang, data=DATASETS[lang][0], pair=pair, embed_seconds=seconds)
                 results.append(r)
                 print(f"{name:24} {lang} {pair:16} AUC {r['auc']:.3f} [{r['low']:.3f}, {r['high']:.3f}]  "
                       f"cos matched {r['matched_mean']:.2f} / mismatched {r['mismatched_mean']:.2f}  "
                       f"n={r['n']}  embed {seconds:.0f}s", flush=True)
+    paired_differences(results)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
+        rows = [{k: v for k, v in r.items() if k != "samples"} for r in results]
+        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":
