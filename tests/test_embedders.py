@@ -45,9 +45,10 @@ def test_answer_relevancy_runs_on_it_and_ranks_a_relevant_answer_first(embedder)
         return TagJudge({"questions": {"questions": [{"question": q, "noncommittal": 0} for q in questions]}})
 
     relevant = AnswerRelevancy(llm=judge([RELATED, "北京的故宫值得去吗？", "去北京旅游应该看什么？"]),
-                               embeddings=embedder).score(user_input=QUESTION, response="故宫、长城和天坛。")
-    off_topic = AnswerRelevancy(llm=judge([UNRELATED, "什么是指数基金？", "如何分散投资？"]),
-                                embeddings=embedder).score(user_input=QUESTION, response="买指数基金可以分散风险。")
+                               embeddings=embedder)
+    off_topic = AnswerRelevancy(llm=judge([UNRELATED, "什么是指数基金？", "如何分散投资？"]), embeddings=embedder)
+    relevant = relevant.score(user_input=QUESTION, response="故宫、长城和天坛。")
+    off_topic = off_topic.score(user_input=QUESTION, response="买指数基金可以分散风险。")
     assert 0 < off_topic.value < relevant.value <= 1
     assert relevant.value - off_topic.value > 0.08, (embedder.name, relevant.value, off_topic.value)
 
@@ -91,7 +92,8 @@ def test_each_sample_is_embedded_whole_by_the_model_for_its_language(monkeypatch
     judge = TagJudge({"questions": {"questions": [{"question": "Where is it? 在哪里", "noncommittal": 0}] * 3}})
     rows = [{"user_input": QUESTION, "response": "故宫、长城和天坛。"},
             {"user_input": "Which sights does Beijing have?", "response": "The Forbidden City."}]
-    result = evaluate(rows, metrics=[AnswerRelevancy()], llm=Pipelined(judge) if pipelined else judge, embeddings=router, show_progress=False)
+    result = evaluate(rows, metrics=[AnswerRelevancy()], llm=Pipelined(judge) if pipelined else judge,
+                      embeddings=router, show_progress=False)
     assert all(v is not None for v in result.values("answer_relevancy"))
     assert set(zh.texts) == {QUESTION, "Where is it? 在哪里"}
     assert set(en.texts) == {"Which sights does Beijing have?", "Where is it? 在哪里"}
