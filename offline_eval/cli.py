@@ -479,7 +479,7 @@ def models_list() -> None:
         for name in registry.names(kind):
             spec = registry.get(name, kind)
             label = name + (" (default)" if name in defaults else "")
-            engine = spec.engine if kind == "judge" else "sentence-transformers"
+            engine = spec.engine if kind == "judge" else spec.settings.get("runtime", "sentence-transformers")
             table.add_row(kind, label, engine, spec.weights_status(), spec.description)
     out.print(table)
 

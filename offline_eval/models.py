@@ -43,6 +43,9 @@ class ModelSpec:
 
     def weights_status(self) -> str:
         """'ready', or why the weights cannot be used yet (without assembling anything)."""
+        if "languages" in self.settings:  # an embedder that routes to other entries has no weights of its own
+            return "; ".join(f"{lang}: {names if isinstance(names, str) else ' > '.join(names)}"
+                             for lang, names in self.settings["languages"].items())
         try:
             locate_weights(self.settings.get("weights", {}), self._models_dir())
         except ModelError as exc:

@@ -30,7 +30,7 @@ import numpy as np
 from .engines.aio import run_sync
 from .engines.base import JudgeOutput, JudgeRequest
 from .metrics.base import Embed
-from .scheduler import Progress, RunStats, _deliver, _embed, _Feed, _Task
+from .scheduler import Progress, RunStats, _deliver, _embed, _Feed, _Task, embedder_for, embedding_lane
 
 EMBED_WINDOW = 0.02  # seconds: long enough to batch every plan that reaches its embedding stage together
 DEFAULT_SLOTS = 64  # when an engine does not say how many requests it keeps in flight
@@ -59,7 +59,7 @@ async def _pipeline(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress
 async def _drive(task: _Task, judge: "_Judge", embed: "_Embedder") -> None:
     """Run one plan to its result, one stage at a time."""
     while task.result is None:
-        answers = await asyncio.gather(*(embed(item.texts) if isinstance(item, Embed) else judge(item)
+        answers = await asyncio.gather(*(embed(item.texts, item.lang) if isinstance(item, Embed) else judge(item)
                                          for item in task.waiting))
         _deliver(task, [a for a, _ in answers], [s for _, s in answers])
 
@@ -109,34 +109,40 @@ class _Embedder:
         self.embedder = embedder
         self.cache = cache
         self.stats = stats
-        self.vectors: dict[str, asyncio.Future] = {}  # text -> (vector, seconds charged)
-        self.waiting: list[str] = []  # texts for the next batch
+        self.vectors: dict[tuple[str, str], asyncio.Future] = {}  # (lane, text) -> (vector, seconds charged)
+        self.waiting: list[tuple[str, str]] = []  # (lane, text) for the next batch
         self.batches: list[asyncio.Task] = []
         self.lock = asyncio.Lock()  # one batch at a time in the worker thread
 
-    async def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, float]:
+    async def __call__(self, texts: Sequence[str], lang: str = "") -> tuple[np.ndarray, float]:
         loop = asyncio.get_running_loop()
-        new = [t for t in dict.fromkeys(texts) if t not in self.vectors]
-        for text in new:
-            self.vectors[text] = loop.create_future()
+        keys = [(embedding_lane(self.embedder, lang), text) for text in texts]
+        new = [k for k in dict.fromkeys(keys) if k not in self.vectors]
+        for key in new:
+            self.vectors[key] = loop.create_future()
         if new and not self.waiting:  # the first text of a batch schedules it
             self.batches.append(asyncio.ensure_future(self._batch()))
         self.waiting += new
-        got = [await self.vectors[t] for t in texts]
+        got = [await self.vectors[k] for k in keys]
         return np.stack([v for v, _ in got]), sum(s for _, s in got)
 
     async def _batch(self) -> None:
         await asyncio.sleep(EMBED_WINDOW)
         batch, self.waiting = self.waiting, []
+        for lane in dict.fromkeys(lane for lane, _ in batch):  # one call per model
+            await self._embed([k for k in batch if k[0] == lane])
+
+    async def _embed(self, keys: list[tuple[str, str]]) -> None:
         async with self.lock:
             tic = time.perf_counter()
             try:
-                vectors, computed = await asyncio.to_thread(_embed, self.embedder, batch, self.cache)
+                vectors, computed = await asyncio.to_thread(_embed, embedder_for(self.embedder, keys[0][0]),
+                                                            [text for _, text in keys], self.cache)
             except Exception as exc:  # each waiting plan raises it (e.g. no embeddings configured)
-                for text in batch:
-                    self.vectors[text].set_exception(exc)
+                for key in keys:
+                    self.vectors[key].set_exception(exc)
                 return
-        each = (time.perf_counter() - tic) / len(batch)
+        each = (time.perf_counter() - tic) / len(keys)
         self.stats.embedded_texts += computed
-        for text, vector in zip(batch, vectors):
-            self.vectors[text].set_result((vector, each))
+        for key, vector in zip(keys, vectors):
+            self.vectors[key].set_result((vector, each))

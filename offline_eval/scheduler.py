@@ -199,26 +199,30 @@ def _run_waves(tasks: list[_Task], feed: "_Feed", embedder, progress: Progress, 
         if not live:
             break
         requests: dict[str, JudgeRequest] = {}
-        texts: dict[str, None] = {}
+        texts: dict[tuple[str, str], None] = {}  # (embedding lane, text)
         for t in live:
             for item in t.waiting:
                 if isinstance(item, Embed):
-                    texts.update(dict.fromkeys(item.texts))
+                    texts.update(dict.fromkeys((embedding_lane(embedder, item.lang), x) for x in item.texts))
                 else:
                     stats.deduplicated += item.key in requests
                     requests.setdefault(item.key, item)
         outputs, cost = feed.generate(list(requests.values()), progress, stats)
-        tic = time.perf_counter()
-        vectors, computed = _embed(embedder, list(texts), feed.cache) if texts else ([], 0)
-        vectors = dict(zip(texts, vectors))
-        cost.update(dict.fromkeys(texts, (time.perf_counter() - tic) / max(len(texts), 1)))
-        stats.embedded_texts += computed
+        vectors: dict[tuple[str, str], np.ndarray] = {}
+        for lane in dict.fromkeys(lane for lane, _ in texts):
+            batch = [x for lane_of, x in texts if lane_of == lane]
+            tic = time.perf_counter()
+            got, computed = _embed(embedder_for(embedder, lane), batch, feed.cache)
+            vectors.update(((lane, x), v) for x, v in zip(batch, got))
+            cost.update(dict.fromkeys(((lane, x) for x in batch), (time.perf_counter() - tic) / len(batch)))
+            stats.embedded_texts += computed
         for t in live:
             results, seconds = [], []
             for item in t.waiting:
                 if isinstance(item, Embed):
-                    results.append(np.stack([vectors[x] for x in item.texts]))
-                    seconds.append(sum(cost[x] for x in item.texts))
+                    keys = [(embedding_lane(embedder, item.lang), x) for x in item.texts]
+                    results.append(np.stack([vectors[k] for k in keys]))
+                    seconds.append(sum(cost[k] for k in keys))
                 else:
                     results.append(outputs[item.key])
                     seconds.append(cost.get(item.key, 0.0))
@@ -319,6 +323,16 @@ def _generate(engine: Engine, requests: list[JudgeRequest], progress: Progress) 
     if len(outputs) != len(requests):
         raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
     return outputs
+
+
+def embedding_lane(embedder: Any, lang: str) -> str:
+    """Which of the embedder's models embeds an Embed item of language `lang`: the language, for an embedder
+    that routes by language (`for_language`); else "" (one model for all)."""
+    return lang if hasattr(embedder, "for_language") else ""
+
+
+def embedder_for(embedder: Any, lane: str) -> Any:
+    return embedder.for_language(lane) if hasattr(embedder, "for_language") else embedder
 
 
 def _embed(embedder: Any, texts: list[str], cache: Optional[JudgeCache] = None) -> tuple[list[np.ndarray], int]:

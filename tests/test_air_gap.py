@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+ROOT = Path(__file__).parent.parent
+EXAMPLES = ROOT / "examples"
 
 # Loaded by every Python started with this folder on PYTHONPATH (site imports `sitecustomize`).
 BLOCKER = r'''
@@ -81,7 +82,8 @@ def sealed_env(tmp_path: Path) -> dict[str, str]:
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = {k: v for k, v in os.environ.items()
            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
+    # this checkout's offline_eval, whichever checkout the environment has installed
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH")])),
                AIR_GAP_LOG=str(tmp_path / "network.log"), OFFLINE_EVAL_THREADS="1",
                OFFLINE_EVAL_CACHE_DIR=str(tmp_path / "cache"))
     return env
@@ -119,3 +121,19 @@ def test_a_full_run_makes_no_network_attempt(tmp_path):
     assert [e for e in events if e["kind"] != "loaded"] == [], proc.stderr
     records = [json.loads(line) for line in (tmp_path / "two.results.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["metrics"]["answer_relevancy"]["value"] is not None for r in records)
+
+
+def test_the_multilingual_embedders_load_from_their_packages_without_a_network_attempt(tmp_path):
+    probe = ("from offline_eval import embedding_factory\n"
+             "for e in (embedding_factory().for_language('zh'), embedding_factory('use-multilingual-v3')):\n"
+             "    v = e.embed(['北京有哪些著名的旅游景点？', '北京值得游览的名胜古迹有哪些？', '怎样降低投资风险？'])\n"
+             "    print(e.name, float(v[1] @ v[0] - v[2] @ v[0]))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=sealed_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    gaps = dict(line.split() for line in proc.stdout.splitlines())
+    assert set(gaps) == {"multilingual-e5-small", "use-multilingual-v3"}  # the default for Chinese is e5 here
+    assert all(float(gap) > 0.08 for gap in gaps.values()), gaps
+    events = log(tmp_path)
+    assert events and events[0]["kind"] == "loaded"
+    assert [e for e in events if e["kind"] != "loaded"] == [], proc.stderr

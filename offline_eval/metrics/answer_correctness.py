@@ -68,7 +68,7 @@ class AnswerCorrectness(Metric):
                   for i, c in enumerate(answer)]
         checks += [check_claim(c, [sample.response], lang, f"in_response[{i}]", retrieved=False)
                    for i, c in enumerate(truth)]
-        items: list = checks + ([Embed((sample.response, sample.reference))] if self.needs_embeddings else [])
+        items: list = checks + ([Embed((sample.response, sample.reference), lang)] if self.needs_embeddings else [])
         results = yield items
         verdicts: list[Optional[bool]] = [verdict(o) for o in results[:len(checks)]]
         in_ref, in_resp = verdicts[:len(answer)], verdicts[len(answer):]

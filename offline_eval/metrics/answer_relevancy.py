@@ -87,7 +87,7 @@ class AnswerRelevancy(Metric):
         items = out.value["questions"]
         questions = [it["question"] for it in items]
         flags = [it["noncommittal"] for it in items]
-        (vectors,) = yield [Embed((sample.user_input, *questions))]
+        (vectors,) = yield [Embed((sample.user_input, *questions), lang)]
         score = relevancy_score(vectors[0], vectors[1:], flags)
         if all(flags):
             reason = "the response is noncommittal"

@@ -64,9 +64,11 @@ class MetricResult:
 
 @dataclass(frozen=True)
 class Embed:
-    """A stage item asking for sentence embeddings of `texts` (unit-normalised vectors)."""
+    """A stage item asking for sentence embeddings of `texts` (unit-normalised vectors), all from one model:
+    an embedder that routes by language (judges.LanguageEmbeddings) picks it by `lang`, the sample's."""
 
     texts: tuple[str, ...]
+    lang: str = ""
 
 
 StageItem = Union[JudgeRequest, Embed]
