@@ -125,14 +125,14 @@ def test_a_full_run_makes_no_network_attempt(tmp_path):
 
 def test_the_multilingual_embedders_load_from_their_packages_without_a_network_attempt(tmp_path):
     probe = ("from offline_eval import embedding_factory\n"
-             "for e in (embedding_factory().for_language('zh'), embedding_factory('use-multilingual-v3')):\n"
+             "for e in (embedding_factory().for_language('zh'), embedding_factory('multilingual-e5-small')):\n"
              "    v = e.embed(['北京有哪些著名的旅游景点？', '北京值得游览的名胜古迹有哪些？', '怎样降低投资风险？'])\n"
              "    print(e.name, float(v[1] @ v[0] - v[2] @ v[0]))\n")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=sealed_env(tmp_path),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     gaps = dict(line.split() for line in proc.stdout.splitlines())
-    assert set(gaps) == {"multilingual-e5-small", "use-multilingual-v3"}  # the default for Chinese is e5 here
+    assert set(gaps) == {"use-multilingual-v3", "multilingual-e5-small"}  # the default for Chinese is USE
     assert all(float(gap) > 0.08 for gap in gaps.values()), gaps
     events = log(tmp_path)
     assert events and events[0]["kind"] == "loaded"
