@@ -126,12 +126,18 @@ def test_index_of_a_large_file_is_small_and_fast(tmp_path):
 
 # ---- the labels store -----------------------------------------------------------------------------------
 
-def test_labels_are_saved_at_once_in_the_format_compare_reads(tmp_path):
+def two_labels(tmp_path: Path) -> tuple[ResultsIndex, Path, LabelsStore]:
+    """A 12-row run and its labels store, with faithfulness labelled on rows 1 (supported) and 2 (not)."""
     index = ResultsIndex.build(write_results(tmp_path / "run.jsonl"))
     path = tmp_path / "labels.jsonl"
     store = LabelsStore(path, index)
     store.set_label(1, "faithfulness", 1)
     store.set_label(2, "faithfulness", 0)
+    return index, path, store
+
+
+def test_labels_are_saved_at_once_in_the_format_compare_reads(tmp_path):
+    index, path, store = two_labels(tmp_path)
     store.set_label(2, "response_groundedness", 1)
     store.set_note(3, "unclear question")
     store.set_label(4, "faithfulness", 1)
@@ -151,11 +157,7 @@ def test_labels_are_saved_at_once_in_the_format_compare_reads(tmp_path):
 
 
 def test_labels_store_tolerates_a_cut_last_line_and_refuses_other_data(tmp_path):
-    index = ResultsIndex.build(write_results(tmp_path / "run.jsonl"))
-    path = tmp_path / "labels.jsonl"
-    store = LabelsStore(path, index)
-    store.set_label(1, "faithfulness", 1)
-    store.set_label(2, "faithfulness", 0)
+    index, path, store = two_labels(tmp_path)
     whole = path.read_text()
     path.write_text(whole + whole.splitlines()[0][:40])  # a crash while something appended a line
     cut = LabelsStore(path, index)

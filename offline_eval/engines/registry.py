@@ -25,17 +25,15 @@ def _vllm(spec: ModelSpec, server: str = "auto", **options: Any) -> Engine:
     servers: `base_urls` (a list; an explicit `base_url` option overrides it).
     server="connect" uses the running server at base_url; "start" starts one for this engine on a free
     loopback port; "auto" connects if base_url answers, else starts one. A started server stops on close()."""
-    from .vllm_launch import ManagedServer, is_up, served_name, vllm_settings
+    from .vllm_launch import ManagedServer, is_up, json_mode_of, served_name, vllm_settings
     from .vllm_server import VllmServerEngine, api_key_from
-    from .vllm_structured import json_mode_for
 
     if server not in SERVER_MODES:
         raise EngineError(f"server must be one of {', '.join(SERVER_MODES)}, not {server!r}")
     settings = {k: spec.settings[k] for k in ("max_concurrency", "timeout", "max_retries", "backoff", "json_mode")
                 if k in spec.settings}
     settings["chat_template_kwargs"] = vllm_settings(spec).get("chat_template_kwargs")
-    settings["json_mode"] = json_mode_for(vllm_settings(spec).get("structured_outputs_backend"),
-                                          spec.settings.get("json_mode"))
+    settings["json_mode"] = json_mode_of(spec)
     settings["merge_system"] = spec.settings.get("system_role") == "merge"
     settings.update(options)
     fleet = settings.pop("base_urls", None) or spec.settings.get("base_urls")

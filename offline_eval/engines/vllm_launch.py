@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from ..models import ModelSpec
 from .base import EngineError
 from .http import bearer, urlopen
-from .vllm_structured import backend_env
+from .vllm_structured import backend_env, json_mode_for
 
 # models.yaml `vllm:` keys -> server flags (None values are left out).
 _FLAGS = {
@@ -85,6 +85,11 @@ def die_with_parent(command: list[str]) -> list[str]:
 
 def vllm_settings(spec: ModelSpec) -> dict[str, Any]:
     return dict(spec.settings.get("vllm") or {})
+
+
+def json_mode_of(spec: ModelSpec) -> str:
+    """The form this entry's JSON constraints take on its vLLM (engines/vllm_structured.py)."""
+    return json_mode_for(vllm_settings(spec).get("structured_outputs_backend"), spec.settings.get("json_mode"))
 
 
 def served_name(spec: ModelSpec) -> str:
@@ -260,14 +265,12 @@ class ManagedServer:
             return
         from ..metrics import judge_constraints
         from .vllm_server import VllmServerEngine, api_key_from
-        from .vllm_structured import json_mode_for
 
         constraints = judge_constraints() if self.warm_up is True else list(self.warm_up)
         try:
             engine = VllmServerEngine(self.url, served_name(self.spec), name=self.spec.name,
                                       api_key=api_key_from(self.spec.settings),
-                                      json_mode=json_mode_for(vllm_settings(self.spec).get("structured_outputs_backend"),
-                                                              self.spec.settings.get("json_mode")),
+                                      json_mode=json_mode_of(self.spec),
                                       timeout=float(self.spec.settings.get("timeout", 300)))
             self.warm_up_seconds = engine.warm_up(constraints)
         except BaseException as exc:

@@ -63,11 +63,12 @@ class ResultsIndex:
         self.disagree = {m: np.asarray(v, dtype=bool) for m, v in disagree.items()}
         self.confidence = {m: np.asarray(v, dtype=float) for m, v in confidence.items()}
         self._by_row = np.argsort(self.rows, kind="stable")  # positions in row-number order, to find a row
+        self._sorted_rows = self.rows[self._by_row]
 
     def position(self, row: int) -> Optional[int]:
         """The position of results row `row` in the file, or None if the file has no such row."""
-        i = int(np.searchsorted(self.rows, row, sorter=self._by_row))
-        if i < len(self.rows) and self.rows[self._by_row[i]] == row:
+        i = int(np.searchsorted(self._sorted_rows, row))
+        if i < len(self.rows) and self._sorted_rows[i] == row:
             return int(self._by_row[i])
         return None
 
@@ -168,8 +169,7 @@ class ResultsIndex:
         """This run's values of `metric` in the row order of `other` (which holds the same rows)."""
         if metric not in self.values:
             return np.full(len(other), math.nan)
-        sorted_rows = self.rows[self._by_row]
-        mine = self._by_row[np.searchsorted(sorted_rows, other.rows)]  # same_rows() checked they all exist
+        mine = self._by_row[np.searchsorted(self._sorted_rows, other.rows)]  # same_rows() checked they all exist
         return self.values[metric][mine]
 
     def same_rows(self, other: "ResultsIndex") -> Optional[str]:
