@@ -178,6 +178,10 @@ def run_sets(args: argparse.Namespace, judge) -> None:
         for metric in args.metrics:
             results = [res[metric] for res in result.results.values()]
             dump[name]["metrics"][metric] = {s: [r.scores.get(s) for r in results] for s in SCORINGS}
+            # each row's constrained choices with the judge's distribution: what a recalibration is fit on
+            dump[name]["metrics"][metric]["choices"] = [
+                [{"stage": c["stage"], "value": c["value"], "probabilities": c["probabilities"]}
+                 for c in r.judge_calls if c.get("probabilities")] for r in results]
             for scoring in SCORINGS:
                 scores = [r.scores.get(scoring) for r in results]
                 a = agreement(scores, labels, pos, 0.5, args.seed, args.bootstrap)
