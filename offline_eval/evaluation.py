@@ -222,7 +222,7 @@ class EvaluationResult:
 
 
 def record_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False, default=_json_default) + "\n"
+    return json.dumps(record, ensure_ascii=False, default=json_default) + "\n"
 
 
 class PartialResults:
@@ -248,7 +248,8 @@ class PartialResults:
         self.path.unlink(missing_ok=True)
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """json.dumps' `default` for result records: numpy values as lists and numbers."""
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .dataset import Row, to_sample
-from .evaluation import EvaluationResult, _json_default, scorable_rows
+from .evaluation import EvaluationResult, json_default, scorable_rows
 from .metrics import Metric, MetricResult
 from .results_io import results_writer
 from .scheduler import RunStats, failed_calls
@@ -68,7 +68,7 @@ class RayRunError(RuntimeError):
 # ---- rows on the wire --------------------------------------------------------------------------------
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=_json_default)
+    return json.dumps(value, ensure_ascii=False, default=json_default)
 
 
 def row_item(row: Row) -> dict[str, Any]:
