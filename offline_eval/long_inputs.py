@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from .dataset import SingleTurnSample
-from .engines.base import TEMPLATE_MARGIN, JudgeRequest, prompt_token_counts
+from .engines.base import TEMPLATE_MARGIN, JudgeRequest, abilities, prompt_token_counts
 from .metrics.base import Metric, MetricResult, Plan, plan_in, probes_in
 
 POLICIES = ("truncate", "error")
@@ -63,8 +63,9 @@ def fit_contexts(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample
     """`sample` with its contexts cut so that the context-showing prompts of every (metric, language) fit."""
     if policy not in POLICIES:
         raise ValueError(f"long_inputs must be one of {', '.join(POLICIES)}, not {policy!r}")
-    size = getattr(engine, "context_size", None)
-    if not (sample.retrieved_contexts and size and hasattr(engine, "count_tokens")):
+    able = abilities(engine)
+    size = able.context_size
+    if not (sample.retrieved_contexts and able.measurable):
         return Fit(sample)
     probes = _probes(metrics, sample)
     if not probes or all(_surely_fits(r, size) for r in probes):

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import numpy as np
 
 from .engines.aio import run_sync
-from .engines.base import JudgeOutput, JudgeRequest
+from .engines.base import JudgeOutput, JudgeRequest, abilities
 from .metrics.base import Embed
 from .scheduler import Progress, RunStats, _deliver, _embed, _Feed, _Task, embedder_for, embedding_lane
 
@@ -43,7 +43,8 @@ def run_pipelined(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress: 
 async def _pipeline(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress: Progress,
                     stats: RunStats) -> None:
     async with feed.engine.session() as submit:
-        judge = _Judge(submit, getattr(feed.engine, "max_concurrency", DEFAULT_SLOTS), feed, progress, stats)
+        slots = abilities(feed.engine).max_concurrency
+        judge = _Judge(submit, DEFAULT_SLOTS if slots is None else slots, feed, progress, stats)
         embed = _Embedder(embedder, feed.cache, stats)
         runs = [asyncio.ensure_future(_drive(t, judge, embed)) for t in tasks]
         try:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .cache import JudgeCache
 from .dataset import SingleTurnSample
-from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest, prefix_order
+from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest, abilities, prefix_order
 from .long_inputs import fitted_plans
 from .metrics.base import DEFAULT_SCORING, Embed, Metric, MetricResult, Plan, check_scoring
 
@@ -109,8 +109,9 @@ def run_metrics(
         embedder = resolve_embeddings(embeddings if embeddings is not None else _first(metrics, "embeddings"))
     stats = stats if stats is not None else RunStats()
     feed = _Feed(engine, cache, chunk_size or int(os.environ.get("OFFLINE_EVAL_CHUNK", 0)) or 64)
-    pipelined = hasattr(engine, "session") if pipeline is None else pipeline
-    if pipelined and not hasattr(engine, "session"):
+    can_pipeline = abilities(engine).session
+    pipelined = can_pipeline if pipeline is None else pipeline
+    if pipelined and not can_pipeline:
         raise ValueError(f"the {engine.identity.get('engine')} engine has no async session: it runs in waves")
     if progress is None and show_progress:
         from .progress import RichProgress
@@ -136,7 +137,7 @@ def _run(samples, metrics, feed: "_Feed", embedder, progress: Progress, stats: R
         from .pipeline import run_pipelined
 
         run_pipelined(live, feed, embedder, progress, stats)
-    elif getattr(feed.engine, "batch_size", None) == 1:
+    elif abilities(feed.engine).batch_size == 1:
         # An engine that runs one request at a time gains nothing from wide waves, and reuses only the previous
         # prompt's prefix: run each sample's plans to the end before the next sample's, so its contexts are
         # computed once for all its metrics and stages (the waves order them last and back to back).
@@ -300,7 +301,7 @@ class _Feed:
         progress.add_total(len(todo))  # the bar counts engine calls only, so its rate and ETA are real
         # Without a cache one batch per wave lets the engine batch freely; with one, chunks bound the loss
         # of a kill. Sorting keeps requests that share a prompt prefix in the same chunk, back to back.
-        size = min(self.chunk_size, getattr(self.engine, "batch_size", None) or self.chunk_size) \
+        size = min(self.chunk_size, abilities(self.engine).batch_size or self.chunk_size) \
             if self.cache is not None else max(len(todo), 1)
         todo.sort(key=lambda r: prefix_order(r, self.contexts_last))
         if todo:
