@@ -33,8 +33,8 @@ from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
 from .engines.vllm_launch import OFFLINE_ENV
 from .metrics import judge_constraints
-from .metrics.base import DEFAULT_SCORING, SCORINGS
 from .models import ModelError, Registry
+from .plan import DEFAULT_SCORING, SCORINGS
 
 # No hub, no telemetry: set before anything imports huggingface_hub, transformers or vLLM.
 for _key, _value in OFFLINE_ENV.items():

@@ -12,7 +12,8 @@ from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_row
 from .metrics import ALL, Metric, MetricResult, metric_by_name
 from .metrics.base import Metric as _Metric
 from .judges import resolve_judge
-from .scheduler import Progress, RunStats, failed_calls, run_metrics
+from .run_state import Progress, RunStats, failed_calls
+from .scheduler import run_metrics
 
 _ALIASES = {"answer_relevance": "answer_relevancy"}
 

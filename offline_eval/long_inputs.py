@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .dataset import SingleTurnSample
 from .engines.base import TEMPLATE_MARGIN, JudgeRequest, abilities, prompt_token_counts
-from .metrics.base import Metric, MetricResult, Plan, plan_in, probes_in
+from .plan import MetricResult, Plan, plan_in, probes_in
+
+if TYPE_CHECKING:  # only for hints: metrics.base imports the run core
+    from .metrics.base import Metric
 
 POLICIES = ("truncate", "error")
 SAFETY = 8  # tokens kept free: a claim check's claim is estimated, not known

@@ -54,7 +54,7 @@ from .dataset import Row, to_sample
 from .evaluation import EvaluationResult, json_default, scorable_rows
 from .metrics import Metric, MetricResult
 from .results_io import results_writer
-from .scheduler import RunStats, failed_calls
+from .run_state import RunStats, failed_calls
 
 PART_FORMAT = 1
 # Ray reads these when it is imported: no usage stats, and no outward-address lookup for a local instance.
