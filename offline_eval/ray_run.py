@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .dataset import Row, to_sample
-from .evaluation import EvaluationResult, _json_default, scorable_rows
+from .evaluation import EvaluationResult, json_default, scorable_rows
 from .metrics import Metric, MetricResult
 from .results_io import results_writer
-from .scheduler import RunStats, failed_calls
+from .run_state import RunStats, failed_calls
 
 PART_FORMAT = 1
 # Ray reads these when it is imported: no usage stats, and no outward-address lookup for a local instance.
@@ -68,7 +68,7 @@ class RayRunError(RuntimeError):
 # ---- rows on the wire --------------------------------------------------------------------------------
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=_json_default)
+    return json.dumps(value, ensure_ascii=False, default=json_default)
 
 
 def row_item(row: Row) -> dict[str, Any]:

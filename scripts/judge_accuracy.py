@@ -156,7 +156,7 @@ def run_sets(args: argparse.Namespace, judge) -> None:
     from offline_eval import evaluate
     from offline_eval.agreement import agreement, calibration
     from offline_eval.compare_tables import with_ci
-    from offline_eval.metrics.base import SCORINGS
+    from offline_eval.plan import SCORINGS
 
     tuned = set(args.tuned_on.split(",")) if args.tuned_on else set()
     lines = ["| set | rows | metric | scoring | ROC-AUC | kappa @ 0.5 | balanced acc. @ 0.5 | ECE | mean pos / neg |",

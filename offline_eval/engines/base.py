@@ -150,7 +150,21 @@ class EngineError(RuntimeError):
 
 @runtime_checkable
 class Engine(Protocol):
-    """What every engine provides. `identity` names the model and engine for cache keys and reports."""
+    """What every engine provides. `identity` names the model and engine for cache keys and reports.
+
+    Optional abilities, which an engine declares by having them (read them through `abilities(engine)`, the one
+    place that looks; a user's own duck-typed judge needs none of them):
+      session() -> async context manager yielding `submit(request) -> JudgeOutput`   runs pipelined (the vLLM
+          server client; pipeline.py); `max_concurrency: int` says how many requests it keeps in flight
+      batch_size: int      how many requests it runs together at most (llama.cpp: 1, one after another); with a
+          cache the scheduler hands it no more at a time, so each finished call is stored at once
+      context_size: int | None and count_tokens(texts) -> list[int]   the judge's context window and plain-text
+          token counts: long inputs are fitted to it (long_inputs.py); engines without both are never measured
+      count_prompt_tokens(requests) -> list[int] | None   full prompts, chat template included (None: cannot
+          render; prompt_token_counts then adds TEMPLATE_MARGIN)
+    Choice probabilities are per output, not an ability: `JudgeOutput.probabilities` is None where the engine
+    gave none, and scoring falls back on the answer (metrics/base.py p_yes).
+    """
 
     identity: dict[str, Any]
 
@@ -164,20 +178,40 @@ class Engine(Protocol):
         ...
 
 
-# Optional: batch_size: int  how many requests the engine runs together at most (llama.cpp: 1, one after
-# another). With a cache, the scheduler hands it no more at a time, so each finished call is stored at once.
-# Optional capability, used to fit long inputs (long_inputs.py); engines without it are never measured:
-#   context_size: int | None                      the judge's context window (n_ctx, max_model_len)
-#   count_tokens(texts) -> list[int]              plain text, as the judge's tokenizer splits it
-#   count_prompt_tokens(requests) -> list[int] | None   full prompts, chat template included (None: cannot render)
+@dataclass(frozen=True)
+class Abilities:
+    """The optional abilities of one engine (see Engine), as read now: a fleet's concurrency follows its live
+    servers, so read them where they are used."""
+
+    session: bool = False
+    max_concurrency: Optional[int] = None
+    batch_size: Optional[int] = None
+    context_size: Optional[int] = None
+    count_tokens: bool = False
+    count_prompt_tokens: bool = False
+
+    @property
+    def measurable(self) -> bool:
+        """Prompts can be measured against the context window (long_inputs.py)."""
+        return bool(self.context_size) and self.count_tokens
+
+
+def abilities(engine: Any) -> Abilities:
+    """What `engine` can do beyond generate(): the only place that inspects an engine for it."""
+    return Abilities(session=hasattr(engine, "session"), max_concurrency=getattr(engine, "max_concurrency", None),
+                     batch_size=getattr(engine, "batch_size", None),
+                     context_size=getattr(engine, "context_size", None),
+                     count_tokens=hasattr(engine, "count_tokens"),
+                     count_prompt_tokens=hasattr(engine, "count_prompt_tokens"))
+
+
 TEMPLATE_MARGIN = 32  # tokens a chat template may add around the messages, when it cannot be rendered
 
 
 def prompt_token_counts(engine: Any, requests: Sequence[JudgeRequest]) -> list[int]:
     """Each request's prompt size in the judge's tokens: the rendered chat template where the engine can
     render it, else the messages' text plus TEMPLATE_MARGIN."""
-    count = getattr(engine, "count_prompt_tokens", None)
-    counts = count(requests) if count is not None else None
+    counts = engine.count_prompt_tokens(requests) if abilities(engine).count_prompt_tokens else None
     if counts is not None:
         return counts
     texts = ["\n".join(m["content"] for m in r.chat()) for r in requests]

@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 from urllib.parse import urlsplit
 
 from ..models import ModelSpec
@@ -199,11 +199,11 @@ class ManagedServer:
     """A vLLM server process for one models.yaml entry. Use as a context manager, or start()/stop()."""
 
     def __init__(self, spec: ModelSpec, host: str = "127.0.0.1", port: Optional[int] = None,
-                 start_timeout: Optional[float] = None, keep_log: bool = True, warm_up: Any = False):
+                 start_timeout: Optional[float] = None, keep_log: bool = True, warm_up: Sequence[Any] = ()):
         """`keep_log=False`: delete the log file when this object stops a healthy server (a server that failed
-        to start, or died on its own, keeps its log for the error message that names it). `warm_up`: True
-        compiles every metric's constraints before start() returns (`serve` does), a list compiles those, False
-        (the default) none."""
+        to start, or died on its own, keeps its log for the error message that names it). `warm_up`: the
+        constraints to compile before start() returns (`serve` passes metrics.judge_constraints(): the caller
+        names them, so the engine layer never imports the metrics); none by default."""
         self.spec = spec
         self.host = host
         self.port = port or free_port(host)
@@ -212,7 +212,7 @@ class ManagedServer:
         self.process: Optional[subprocess.Popen] = None
         self.log = Path(tempfile.mkstemp(prefix=f"offline-eval-vllm-{spec.name}-", suffix=".log")[1])
         self.keep_log = keep_log
-        self.warm_up = warm_up
+        self.warm_up = list(warm_up or ())
         self.start_seconds = 0.0
         self.warm_up_seconds = 0.0
 
@@ -251,7 +251,7 @@ class ManagedServer:
             if _healthy(self.host, self.port):
                 self.start_seconds = time.perf_counter() - started
                 self._compile_constraints()
-                compiled = f" (grammars compiled in {self.warm_up_seconds:.0f} s)" if self.warm_up is not False else ""
+                compiled = f" (grammars compiled in {self.warm_up_seconds:.0f} s)" if self.warm_up else ""
                 print(f"vLLM server ready after {self.start_seconds + self.warm_up_seconds:.0f} s{compiled}",
                       file=sys.stderr)
                 return self
@@ -261,18 +261,16 @@ class ManagedServer:
 
     def _compile_constraints(self) -> None:
         """Send the warm-up requests (see the module docstring); a server that fails them is stopped."""
-        if self.warm_up is False:
+        if not self.warm_up:
             return
-        from ..metrics import judge_constraints
         from .vllm_server import VllmServerEngine, api_key_from
 
-        constraints = judge_constraints() if self.warm_up is True else list(self.warm_up)
         try:
             engine = VllmServerEngine(self.url, served_name(self.spec), name=self.spec.name,
                                       api_key=api_key_from(self.spec.settings),
                                       json_mode=json_mode_of(self.spec),
                                       timeout=float(self.spec.settings.get("timeout", 300)))
-            self.warm_up_seconds = engine.warm_up(constraints)
+            self.warm_up_seconds = engine.warm_up(self.warm_up)
         except BaseException as exc:
             self.start_seconds = 0.0  # not a healthy server after all: stop() keeps its log
             self.stop()

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..constraints import JsonSchema, array, enum, obj, string
 from ..dataset import SingleTurnSample
-from .base import Embed, Metric, MetricResult, Plan, request
+from ..plan import Embed
+from .base import Metric, MetricResult, Plan, request
 
 MAX_QUESTION_CHARS = 200
 

@@ -2,9 +2,9 @@
 
 A metric's `plan(sample, lang)` is a generator. Each `yield` hands the scheduler one stage — a list of
 `JudgeRequest`s and `Embed`s — and receives their results in the same order; the generator's return value
-is the `MetricResult`. So a metric states *what* to ask, in order (claims, then one verdict per claim), and
-never calls an engine or loops over a dataset: the scheduler runs the plans of every sample together and
-batches each stage across them.
+is the `MetricResult` (that vocabulary lives in plan.py, shared with the run core). So a metric states *what*
+to ask, in order (claims, then one verdict per claim), and never calls an engine or loops over a dataset: the
+scheduler runs the plans of every sample together and batches each stage across them.
 
 The public methods (`score`, `ascore`, `batch_score`, `single_turn_ascore`) mirror Ragas 0.4.
 """
@@ -12,119 +12,18 @@ The public methods (`score`, `ascore`, `batch_score`, `single_turn_ascore`) mirr
 from __future__ import annotations
 
 import asyncio
-import math
-import re
-from dataclasses import dataclass, field, replace
-from typing import Any, Generator, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Optional, Sequence
 
 from ..constraints import Choice, Constraint
 from ..dataset import SingleTurnSample, ValidationError, check_row, load_rows, to_sample
 from ..engines.base import JudgeOutput, JudgeRequest, Sampling
-
-
-# How a metric turns constrained answers into a value:
-#   probability  from the judge's probability of each option (P(top rating), mean P(yes) over claims)
-#   argmax       from the answers themselves (rating / scale, share of "yes"): Ragas' semantics
-# JSON answers (claims, questions, rubric grades) have no such distribution: both scorings use them as given.
-SCORINGS = ("probability", "argmax")
-DEFAULT_SCORING = "probability"  # chosen on held-out labelled sets (README, "How well the judge agrees")
-
-
-def check_scoring(scoring: str) -> str:
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, not {scoring!r}")
-    return scoring
-
-
-@dataclass
-class MetricResult:
-    """A metric's score for one sample. `value` is None when the sample has nothing to score (for example
-    a response with no claims, as Ragas' NaN); `reason` explains the score in words. `scores` holds the
-    value under each scoring (SCORINGS); `value` is the one the run asked for."""
-
-    value: Optional[float]
-    reason: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-    judge_calls: list[dict[str, Any]] = field(default_factory=list)  # raw judge outputs, in call order
-    scores: dict[str, Optional[float]] = field(default_factory=dict)
-
-    def scored_by(self, scoring: str) -> "MetricResult":
-        """This result with `value` taken from `scoring` (a metric with one scoring has it under both)."""
-        for name in SCORINGS:
-            self.scores.setdefault(name, self.value)
-        self.value = self.scores[scoring]
-        return self
-
-    def __float__(self) -> float:
-        return math.nan if self.value is None else float(self.value)
-
-    def __repr__(self) -> str:
-        return f"MetricResult(value={self.value!r}, reason={self.reason[:60]!r})"
-
-
-@dataclass(frozen=True)
-class Embed:
-    """A stage item asking for sentence embeddings of `texts` (unit-normalised vectors), all from one model:
-    an embedder that routes by language (judges.LanguageEmbeddings) picks it by `lang`, the sample's."""
-
-    texts: tuple[str, ...]
-    lang: str = ""
-
-
-StageItem = Union[JudgeRequest, Embed]
-Plan = Generator[list[StageItem], list[Any], MetricResult]
+from ..plan import (DEFAULT_SCORING, LANGUAGE_NAMES, PROMPT_LANGUAGES, MetricResult, Plan, check_scoring,
+                    detect_language)
+# The Ragas-style methods run metrics through the run entry point. This is no cycle: the run core imports only
+# plan.py (and Metric under TYPE_CHECKING), never this module or the metrics package.
+from ..scheduler import run_metrics
 
 YES_NO = Choice(("yes", "no"))
-
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-_KANA = re.compile(r"[\u3040-\u30ff]")
-_HANGUL = re.compile(r"[\uac00-\ud7af]")
-
-PROMPT_LANGUAGES = ("en", "zh")  # languages the metrics have prompts in
-# Languages told apart from Chinese that have no prompts yet: they get the English prompts, and the requests
-# that generate text (claims, questions, feedback) ask for it in the input's language.
-LANGUAGE_NAMES = {"ja": "Japanese", "ko": "Korean"}
-
-
-def detect_language(*texts: Optional[str]) -> str:
-    """'en' unless the text is mostly CJK; then 'ko' when that is mostly hangul, 'ja' when it has kana (Japanese
-    writes kanji with kana; Chinese never uses kana), else 'zh'. Prompts and generated text follow it."""
-    text = " ".join(t for t in texts if t)
-    letters = [c for c in text if c.isalpha()]
-    cjk = [c for c in letters if _CJK.match(c)]
-    if not letters or len(cjk) / len(letters) < 0.3:
-        return "en"
-    if sum(1 for c in cjk if _HANGUL.match(c)) * 2 > len(cjk):
-        return "ko"
-    return "ja" if sum(1 for c in cjk if _KANA.match(c)) * 10 >= len(cjk) else "zh"
-
-
-def in_language(items: list[Any], lang: str) -> list[Any]:
-    """A stage of English-prompt requests for an input in `lang`, a language without prompts of its own: each
-    request that generates text (not a choice) is told, at the end of its user turn, to write it in `lang`."""
-    name = LANGUAGE_NAMES.get(lang)
-    if name is None:
-        return items
-    hint = f"\n\nThe input is in {name}: write the text you generate (claims, questions, feedback) in {name}."
-    return [replace(r, messages=(*r.messages[:-1], (r.messages[-1][0], r.messages[-1][1] + hint)))
-            if isinstance(r, JudgeRequest) and not isinstance(r.constraint, Choice) else r for r in items]
-
-
-def plan_in(metric: "Metric", sample: SingleTurnSample, lang: str) -> Plan:
-    """`metric.plan` for an input in `lang` (detected or forced): in its own prompts, else as `in_language`."""
-    if lang in PROMPT_LANGUAGES:
-        return (yield from metric.plan(sample, lang))
-    plan, results = metric.plan(sample, "en"), None
-    try:
-        while True:
-            results = yield in_language(plan.send(results), lang)
-    except StopIteration as done:
-        return done.value
-
-
-def probes_in(metric: "Metric", sample: SingleTurnSample, lang: str) -> list[JudgeRequest]:
-    """`metric.context_probes` as `plan_in` asks them."""
-    return in_language(metric.context_probes(sample, lang if lang in PROMPT_LANGUAGES else "en"), lang)
 
 
 # The prompt layout. A judge call that shows a sample's retrieved contexts starts with one system turn shared
@@ -247,8 +146,6 @@ class Metric:
         return (await self.abatch_score([fields]))[0]
 
     def batch_score(self, inputs: list[dict[str, Any]], show_progress: bool = False) -> list[MetricResult]:
-        from ..scheduler import run_metrics
-
         samples = self._samples(inputs)
         return [r[self.name] for r in run_metrics(samples, [self], show_progress=show_progress)]
 
