@@ -16,7 +16,9 @@ Two suites:
           (probability, argmax): ROC-AUC, Cohen's kappa and balanced accuracy at 0.5 with 95% bootstrap CIs,
           expected calibration error, mean score per class. The sets named by --tuned-on (default: begin,
           which the prompts and the choice of default scoring were tuned on) are marked: their figures are not
-          accuracy. Judge calls go through the judge cache, so a rerun replays in seconds.
+          accuracy. Then a cut fit on the tuned-on sets (a shift-only recalibration, offline_eval/calibration.py)
+          is measured on the others: kappa at that cut next to kappa at 0.5. Judge calls go through the judge
+          cache, so a rerun replays in seconds.
 
   sanity  A few hand-written cases per metric (English and Chinese) in groups of good / partial / bad;
           checks that each group's scores come out in that order.
@@ -27,7 +29,7 @@ Examples (from the repository root, with PYTHONPATH=. and OFFLINE_EVAL_THREADS=2
   python scripts/judge_accuracy.py --limit 120 --seed 0 --offset 120     # the next 120 rows: a disjoint subset
   python scripts/judge_accuracy.py --metrics response_groundedness --output rows.csv
   python scripts/judge_accuracy.py --suite sanity
-  python scripts/judge_accuracy.py --suite sets --sets wice,citecheck,begin --per-set wice=20,citecheck=40,begin=20  # README
+  python scripts/judge_accuracy.py --suite sets --sets begin,citecheck,wice --per-set begin=40,citecheck=40,wice=20  # README
 
 Rows are taken in a random order fixed by --seed, so (--seed, --offset, --limit) names a reproducible subset
 and two subsets with the same seed and non-overlapping offsets never share a row.
@@ -191,9 +193,42 @@ def run_sets(args: argparse.Namespace, judge) -> None:
                              f"{with_ci(a['kappa'])} | {with_ci(a['balanced_accuracy'])} | {ece:.3f} | "
                              f"{means['positive']:.2f} / {means['negative']:.2f} |")
         print("\n".join(lines), flush=True)
+    transferred = transferred_cuts(dump, tuned, args)
+    print("\n".join(transferred))
+    lines += transferred
     if args.output:
         Path(args.output).write_text(json.dumps({"table": lines, "sets": dump}, indent=1))
         print(f"scores written to {args.output}")
+
+
+def transferred_cuts(dump: dict, tuned: set, args: argparse.Namespace) -> list[str]:
+    """A cut fit on the tuned-on sets, measured on the others: the raw score where a shift-only recalibration
+    (offline_eval/calibration.py) fit on the tuned-on rows puts 0.5, and each held-out set's kappa there, next
+    to its kappa at 0.5. It tells whether a recalibration learnt on one set carries to data it never saw."""
+    from offline_eval.agreement import agreement
+    from offline_eval.calibration import fit
+    from offline_eval.compare_tables import with_ci
+    from offline_eval.plan import SCORINGS
+
+    fit_on = [name for name in dump if name in tuned]
+    if not fit_on:
+        return []
+    lines = ["", f"Cut fit on {'+'.join(fit_on)} (shift-only recalibration), measured on the other sets:", "",
+             "| set | metric | scoring | cut | kappa @ cut | kappa @ 0.5 |", "|---|---|---|---|---|---|"]
+    for metric in args.metrics:
+        for scoring in SCORINGS:
+            pairs = [(s, y) for name in fit_on for s, y in zip(dump[name]["metrics"][metric][scoring],
+                                                              dump[name]["labels"]) if s is not None]
+            cut = fit([s for s, _ in pairs], [y == 1.0 for _, y in pairs]).threshold()
+            for name, got in dump.items():
+                if name in tuned:
+                    continue
+                labels = np.array(got["labels"], dtype=float)
+                scores = got["metrics"][metric][scoring]
+                at_cut = agreement(scores, labels, labels == 1.0, cut, args.seed, args.bootstrap)["kappa"]
+                at_half = agreement(scores, labels, labels == 1.0, 0.5, args.seed, args.bootstrap)["kappa"]
+                lines.append(f"| {name} | {metric} | {scoring} | {cut:.3f} | {with_ci(at_cut)} | {with_ci(at_half)} |")
+    return lines
 
 
 # ---- the sanity suite -----------------------------------------------------------------------------------
