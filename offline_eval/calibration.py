@@ -2,17 +2,18 @@
 
 A small judge's probabilities rank well but sit on its own scale: the default judge is rarely sure that a
 response is *fully* grounded, so supported responses score 0.3-0.6 and 0.5 is not a coin toss. A calibration
-maps a metric's probability score p to sigmoid(slope * logit(p) + shift), fit by logistic regression on one
-labelled set (scripts/judge_accuracy.py --fit-on) and measured on the others. It is a property of the judge
-model, so it lives in that judge's models.yaml entry and applies to that judge only; a monotone map never
-changes a ranking (ROC-AUC), only where 0.5 falls and how far a score is from a rate.
+maps a metric's probability score p to sigmoid(slope * logit(p) + shift), fit by logistic regression on
+labelled rows. scripts/judge_accuracy.py (--suite sets) fits one on the tuned-on set and measures the cut it
+implies on the others; no run applies one to its scores yet, because that measurement does not yet justify it
+(README, "How well the default judge agrees with people"). A monotone map never changes a ranking (ROC-AUC),
+only where 0.5 falls and how far a score is from a rate.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 _EPS = 1e-4  # probabilities are clipped to [eps, 1 - eps] so that 0 and 1 have finite log-odds
 
@@ -66,12 +67,3 @@ def fit(scores: Sequence[float], labels: Sequence[bool], slope: Optional[float] 
             break
     return Calibration(round(a, 4), round(b, 4))
 
-
-def calibrations(settings: Optional[Mapping[str, Any]], where: str = "calibration") -> dict[str, Calibration]:
-    """A models.yaml entry's `calibration:` block ({metric: {slope, shift}}) as Calibrations."""
-    found = {}
-    for metric, values in (settings or {}).items():
-        if not isinstance(values, Mapping) or not set(values) <= {"slope", "shift"}:
-            raise ValueError(f"{where}.{metric}: expected {{slope: number, shift: number}}, got {values!r}")
-        found[metric] = Calibration(float(values.get("slope", 1.0)), float(values.get("shift", 0.0)))
-    return found

@@ -1,10 +1,10 @@
-"""The probability scoring's recalibration: the fit, the map, and the models.yaml block."""
+"""The probability scoring's recalibration: the fit and the map."""
 
 import random
 
 import pytest
 
-from offline_eval.calibration import Calibration, calibrations, fit, logit, sigmoid
+from offline_eval.calibration import Calibration, fit, logit, sigmoid
 
 
 def _rows(slope: float, shift: float, n: int, seed: int = 0):
@@ -38,11 +38,3 @@ def test_labels_the_score_separates_perfectly_give_a_finite_fit():
     c = fit([0.1, 0.2, 0.3, 0.7, 0.8, 0.9], [False, False, False, True, True, True], slope=None)
     assert 0 < c.slope < 100 and abs(c.shift) < 100 and 0.3 < c.threshold() < 0.7
 
-
-def test_the_models_yaml_block_is_checked():
-    got = calibrations({"faithfulness": {"shift": 0.4}, "response_groundedness": {"slope": 2, "shift": -1}})
-    assert got == {"faithfulness": Calibration(1.0, 0.4), "response_groundedness": Calibration(2.0, -1.0)}
-    with pytest.raises(ValueError, match="faithfulness"):
-        calibrations({"faithfulness": {"offset": 1}})
-    with pytest.raises(ValueError, match="faithfulness"):
-        calibrations({"faithfulness": 0.4})
