@@ -86,7 +86,7 @@ def run(
     cache: Optional[Path] = CACHE_PATH,
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the judge-call cache."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: reuse its cached judge calls (any rerun with the cache on does); the old output stays until the new one is complete."),
-    long_inputs: str = typer.Option("truncate", "--long-inputs", help="Retrieved contexts too long for the judge's context window: truncate (cut them, longest first, from the end; warn per row) or error (no value for that row and metric)."),
+    long_inputs: str = typer.Option("focus", "--long-inputs", help="Long retrieved contexts: focus (default; a sample whose contexts exceed 1024 tokens gets their passages most relevant to its question, response and reference; focus:N sets the budget), then truncate what is still too long for the judge's window; truncate (whole contexts, cut from the end only to fit the window; warn per row); error (no value for a row and metric that does not fit)."),
     fail_under: Optional[str] = typer.Option(None, "--fail-under", help="CI gate: exit 1 if a metric's mean is below its bar, e.g. faithfulness=0.9,answer_relevancy=0.8."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="CI gate: a previous run's --summary-json file or per-sample results; exit 1 if a metric's mean dropped by more than --max-drop."),
     max_drop: Optional[float] = typer.Option(None, "--max-drop", help="The largest allowed drop of a mean against --baseline (default 0.02)."),
@@ -109,14 +109,16 @@ def run(
     from .judges import close_judges, embedding_factory, llm_factory
     from . import evaluate
     from .gate import GateError, load_baseline, parse_bars
-    from .long_inputs import POLICIES
+    from .long_inputs import parse_policy
 
     if server not in SERVER_MODES:
         raise _fail(f"--server must be one of {', '.join(SERVER_MODES)}, not {server!r}", EXIT_BAD_INPUT)
     if engine is not None and engine not in ENGINES:
         raise _fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}", EXIT_BAD_INPUT)
-    if long_inputs not in POLICIES:
-        raise _fail(f"--long-inputs must be one of {', '.join(POLICIES)}, not {long_inputs!r}", EXIT_BAD_INPUT)
+    try:
+        parse_policy(long_inputs)
+    except ValueError as exc:
+        raise _fail(f"--long-inputs: {exc}", EXIT_BAD_INPUT)
     if max_drop is not None and (baseline is None or max_drop < 0):
         raise _fail("--max-drop needs --baseline" if baseline is None else "--max-drop cannot be negative",
                     EXIT_BAD_INPUT)
@@ -285,6 +287,10 @@ def _print_summary(result, seconds: float) -> None:
              f"prefix cache)" if st.reused_prompt_tokens else ""
     out.print(f"{len(result.results)} samples scored, {skipped} skipped; {st.prompt_tokens} prompt{reused} + "
               f"{st.completion_tokens} completion tokens; {seconds:.1f} s", highlight=False)
+    if result.focused:
+        out.print(f"{result.focused} sample(s) with long contexts were judged on their passages most relevant to "
+                  "the sample (details.context_focus; --long-inputs truncate judges whole contexts)",
+                  highlight=False)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from .dataset import FIELDS, Row, RowError, ValidationError, check_row, load_row
 from .metrics import ALL, Metric, MetricResult, metric_by_name
 from .metrics.base import Metric as _Metric
 from .judges import resolve_judge
+from .long_inputs import DEFAULT_POLICY
 from .run_state import Progress, RunStats, failed_calls
 from .scheduler import run_metrics
 
@@ -66,7 +67,7 @@ def evaluate(
     show_progress: bool = True,
     progress: Optional[Progress] = None,
     cache: Any = False,
-    long_inputs: str = "truncate",
+    long_inputs: str = DEFAULT_POLICY,
     on_record: Optional[Callable[[dict[str, Any]], None]] = None,
     scoring: Optional[str] = None,
 ) -> "EvaluationResult":
@@ -81,8 +82,11 @@ def evaluate(
     `cache`: True (the default cache file), a path, or a `JudgeCache`: judge calls already in it are not run
     again, and new ones are stored as they finish, so rerunning an interrupted evaluation resumes it.
 
-    `long_inputs`: retrieved contexts too long for the judge's context window are cut to fit ("truncate", the
-    default) or leave that sample without a value ("error"); either way `result.warnings` names the row.
+    `long_inputs`: "focus" (the default; "focus:N" sets the budget, 1024 tokens by default) gives a sample whose
+    contexts are longer than the budget only their passages most relevant to its question, response and
+    reference (`details["context_focus"]` says what was kept; `result.focused` counts such rows); contexts
+    still too long for the judge's context window are cut to fit ("truncate": whole contexts, cut only for the
+    window) or leave that sample without a value ("error"); either way `result.warnings` names the row.
 
     `on_record(record)` gets each row's results record (as `records()` has it) as soon as all its metrics are
     done, in completion order: the CLI appends them to a partial results file while the run goes on.
@@ -178,6 +182,12 @@ class EvaluationResult:
         return [f"{row.where}: {name}: {res.details['long_input']}"
                 for row in self.rows for name, res in self.results.get(row.number, {}).items()
                 if "long_input" in res.details]
+
+    @property
+    def focused(self) -> int:
+        """Rows whose long contexts were focused on their most relevant passages (long_inputs="focus")."""
+        return sum(any("context_focus" in res.details for res in self.results.get(row.number, {}).values())
+                   for row in self.rows)
 
     def __repr__(self) -> str:
         return repr({n: round(self[n], 4) for n in self.metric_names})

@@ -1,11 +1,16 @@
-"""Retrieved contexts longer than the judge's context window: the `long_inputs` policy.
+"""Long retrieved contexts: the `long_inputs` policy.
+
+"focus" (default; "focus:N" sets the budget, default context_focus.DEFAULT_BUDGET tokens): a sample whose
+contexts hold more than N tokens gets only their passages most relevant to its question, response and
+reference (context_focus.py), once for every metric; `details["context_focus"]` says what was kept. What
+is then still too long for the judge's window is truncated as below.
 
 Before a metric's plan starts, the requests that carry the retrieved contexts (`Metric.context_probes`: its
 first stage, or for claim metrics a claim check with a claim as long as claims may be) are measured with the
 judge's own tokenizer and chat template, and must fit its context size minus the call's output budget
 (`max_tokens`). When one does not:
 
-- "truncate" (default): the contexts are cut from the end, longest first — every context above a common
+- "truncate" (also after "focus"): the contexts are cut from the end, longest first — every context above a common
   token level is cut down to that level — until every such prompt fits. The result says so in
   `details["long_input"]`, which `evaluate` reports as a warning naming the row and the field.
 - "error": the metric gets no value for that sample, and its reason (and `details["long_input"]`) says why;
@@ -21,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from .context_focus import DEFAULT_BUDGET, focus_contexts
 from .dataset import SingleTurnSample
 from .engines.base import TEMPLATE_MARGIN, JudgeRequest, abilities, prompt_token_counts
 from .plan import MetricResult, Plan, plan_in, probes_in
@@ -28,7 +34,8 @@ from .plan import MetricResult, Plan, plan_in, probes_in
 if TYPE_CHECKING:  # only for hints: metrics.base imports the run core
     from .metrics.base import Metric
 
-POLICIES = ("truncate", "error")
+POLICIES = ("focus", "truncate", "error")
+DEFAULT_POLICY = "focus"
 SAFETY = 8  # tokens kept free: a claim check's claim is estimated, not known
 MAX_ROUNDS = 8  # cuts are made in characters and re-measured; they converge in two or three rounds
 
@@ -39,24 +46,45 @@ class Fit:
     note: str = ""  # what was cut, or why it cannot be scored
 
 
+def parse_policy(policy: str) -> tuple[str, int]:
+    """("focus", budget), ("truncate", 0) or ("error", 0) from "focus", "focus:N", "truncate" or "error";
+    ValueError naming the choices otherwise."""
+    mode, colon, budget = policy.partition(":")
+    if mode in POLICIES and not colon:
+        return mode, DEFAULT_BUDGET if mode == "focus" else 0
+    if mode == "focus" and budget.isdigit() and int(budget) > 0:
+        return mode, int(budget)
+    raise ValueError(f"long_inputs must be one of {', '.join(POLICIES)} or focus:N (N tokens > 0), not {policy!r}")
+
+
 def fitted_plans(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample, engine: Any,
                  policy: str) -> list[Plan]:
     """Each (metric, language)'s plan on `sample`, with the contexts made to fit the judge under `policy`.
-    Under "truncate" the contexts are cut once per sample, to fit the longest prompt of all the metrics: every
-    metric sees the same contexts, so their requests keep one shared prefix (metrics/base.py `request`) and
-    the engine computes the contexts once. Under "error" each metric is measured on its own."""
-    if policy == "truncate":
-        fit = fit_contexts(metrics, sample, engine, policy)
-        fits = [fit if probes_in(m, sample, lang) else Fit(sample) for m, lang in metrics]
+    Under "focus" and "truncate" the contexts are focused and cut once per sample, to fit the longest prompt of
+    all the metrics: every metric sees the same contexts, so their requests keep one shared prefix
+    (metrics/base.py `request`) and the engine computes the contexts once. Under "error" each metric is
+    measured on its own."""
+    mode, budget = parse_policy(policy)
+    focus_note = ""
+    if mode == "focus" and sample.retrieved_contexts:
+        focus = focus_contexts(sample.retrieved_contexts, (sample.response, sample.reference, sample.user_input),
+                               budget)
+        if focus is not None:
+            sample, focus_note = dataclasses.replace(sample, retrieved_contexts=focus.contexts), focus.note
+    if mode == "error":
+        fits = [fit_contexts([pair], sample, engine, mode) for pair in metrics]
     else:
-        fits = [fit_contexts([pair], sample, engine, policy) for pair in metrics]
-    return [_fitted(metric, fit, lang) for (metric, lang), fit in zip(metrics, fits)]
+        fit = fit_contexts(metrics, sample, engine, "truncate")
+        fits = [fit if probes_in(m, sample, lang) else Fit(sample) for m, lang in metrics]
+    return [_fitted(metric, fit, lang, focus_note) for (metric, lang), fit in zip(metrics, fits)]
 
 
-def _fitted(metric: Metric, fit: Fit, lang: str) -> Plan:
+def _fitted(metric: Metric, fit: Fit, lang: str, focus_note: str) -> Plan:
     if fit.sample is None:
         return MetricResult(None, f"not scored: {fit.note}", {"long_input": fit.note})
     result = yield from plan_in(metric, fit.sample, lang)
+    if focus_note:
+        result.details["context_focus"] = focus_note
     if fit.note:
         result.details["long_input"] = fit.note
     return result
@@ -64,8 +92,8 @@ def _fitted(metric: Metric, fit: Fit, lang: str) -> Plan:
 
 def fit_contexts(metrics: Sequence[tuple[Metric, str]], sample: SingleTurnSample, engine: Any, policy: str) -> Fit:
     """`sample` with its contexts cut so that the context-showing prompts of every (metric, language) fit."""
-    if policy not in POLICIES:
-        raise ValueError(f"long_inputs must be one of {', '.join(POLICIES)}, not {policy!r}")
+    if policy not in ("truncate", "error"):
+        raise ValueError(f"fit_contexts cuts ('truncate') or refuses ('error'), not {policy!r}")
     able = abilities(engine)
     size = able.context_size
     if not (sample.retrieved_contexts and able.measurable):

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .dataset import Row, to_sample
 from .evaluation import EvaluationResult, json_default, scorable_rows
+from .long_inputs import DEFAULT_POLICY
 from .metrics import Metric, MetricResult
 from .results_io import results_writer
 from .run_state import RunStats, failed_calls
@@ -280,7 +281,7 @@ def _push(heap: list, stream: Iterator[tuple]) -> None:
 def _result(m: dict[str, Any], full: bool) -> MetricResult:
     if full:
         return MetricResult(m["value"], m["reason"], m["details"], m["judge_calls"], m.get("scores", {}))
-    notes = {"long_input": m["details"]["long_input"]} if "long_input" in m["details"] else {}
+    notes = {k: m["details"][k] for k in ("long_input", "context_focus") if k in m["details"]}
     # only the failed calls (few), which the summary counts
     return MetricResult(m["value"], details=notes, judge_calls=failed_calls(m["judge_calls"]),
                         scores=m.get("scores", {}))
@@ -322,7 +323,7 @@ def evaluate_on_ray(
     block_rows: int = 64,
     address: Optional[str] = None,
     cache: Any = False,
-    long_inputs: str = "truncate",
+    long_inputs: str = DEFAULT_POLICY,
     skip_invalid: bool = False,
     full_results: bool = True,
     start_timeout: float = 1800,

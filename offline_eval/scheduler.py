@@ -34,7 +34,7 @@ from .cache import JudgeCache
 from .dataset import SingleTurnSample
 from .engines.base import Engine, JudgeRequest, abilities
 from .judges import resolve_embeddings, resolve_judge
-from .long_inputs import fitted_plans
+from .long_inputs import DEFAULT_POLICY, fitted_plans
 from .pipeline import run_pipelined
 from .plan import Embed, MetricResult, check_scoring
 from .run_state import Feed, Progress, RunStats, Task, advance, deliver, embed_texts, embedder_for, embedding_lane
@@ -53,7 +53,7 @@ def run_metrics(
     show_progress: bool = False,
     cache: Optional[JudgeCache] = None,
     chunk_size: Optional[int] = None,
-    long_inputs: str = "truncate",
+    long_inputs: str = DEFAULT_POLICY,
     pipeline: Optional[bool] = None,
     on_sample: Optional[Callable[[int, dict[str, MetricResult]], None]] = None,
     scoring: Optional[str] = None,
@@ -61,7 +61,7 @@ def run_metrics(
     """Score every sample with every metric; returns, per sample, {metric name: result}. With `cache`,
     requests it holds are not sent to the engine, and new outputs are stored every `chunk_size` requests
     (default: $OFFLINE_EVAL_CHUNK, else 64). Contexts too long for the judge follow `long_inputs`
-    ("truncate" or "error", see long_inputs.py). `pipeline`: run the plans pipelined (needs an engine with
+    ("focus", "focus:N", "truncate" or "error", see long_inputs.py). `pipeline`: run the plans pipelined (needs an engine with
     `session()`) or in waves; default: pipelined whenever the engine can. `on_sample(i, results)` is called as
     soon as sample i has every metric's result (in completion order), e.g. to write results as they come.
     `scoring` ("probability" or "argmax", plan.py SCORINGS) decides every result's value; default: each

@@ -213,7 +213,7 @@ def test_run_exits_1_below_a_bar_and_0_against_its_own_baseline(tmp_path):
     (("--max-drop", "0.1"), "--max-drop needs --baseline"),
     (("--min-coverage", "0.5"), "--min-coverage needs --fail-under or --baseline"),
     (("--fail-under", "context_relevance=0.5", "--min-coverage", "1.5"), "--min-coverage must be between 0 and 1"),
-    (("--long-inputs", "shorten"), "--long-inputs must be one of truncate, error"),
+    (("--long-inputs", "shorten"), "--long-inputs: long_inputs must be one of focus, truncate, error or focus:N"),
 ])
 def test_bad_gate_flags_exit_2_before_any_model_loads(tmp_path, args, message):
     data = tmp_path / "one.jsonl"

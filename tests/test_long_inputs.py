@@ -52,7 +52,7 @@ def fits(judge, request) -> bool:
 @pytest.mark.parametrize("metric", ["context_relevance", "faithfulness", "context_precision"])
 def test_truncate_cuts_the_contexts_to_fit_and_warns_per_row(metric):
     judge = CountingJudge(answer)
-    result = evaluate(ROWS, metrics=[metric], llm=judge, show_progress=False)
+    result = evaluate(ROWS, metrics=[metric], llm=judge, show_progress=False, long_inputs="truncate")
     assert all(s[metric] is not None for s in result.scores)
     assert all(fits(judge, r) for r in judge.requests if r.tag != "claims")  # those carry no contexts
     (warning,) = result.warnings
@@ -65,7 +65,7 @@ def test_truncate_cuts_the_contexts_to_fit_and_warns_per_row(metric):
 def test_truncate_cuts_the_contexts_once_per_sample_so_every_metric_shows_the_same():
     judge = CountingJudge(answer)
     metrics = ["context_relevance", "faithfulness", "response_groundedness"]
-    result = evaluate(ROWS[:1], metrics=metrics, llm=judge, show_progress=False)
+    result = evaluate(ROWS[:1], metrics=metrics, llm=judge, show_progress=False, long_inputs="truncate")
     shown = {user_text(r).split("\n\n")[0] for r in judge.requests if r.shows_contexts}
     assert len(shown) == 1 and words(1000) not in next(iter(shown))  # one cut, shared by all three
     assert all(fits(judge, r) for r in judge.requests if r.shows_contexts)
@@ -109,14 +109,15 @@ def test_inputs_that_fit_are_untouched_and_engines_that_cannot_count_are_not_mea
     result = evaluate(ROWS[1:], metrics=["context_relevance", "faithfulness"], llm=judge, show_progress=False)
     assert result.warnings == []
     plain = ScriptedJudge(answer)  # no count_tokens: the engine's own "input too long" handling applies
-    result = evaluate(ROWS, metrics=["context_relevance"], llm=plain, show_progress=False)
+    result = evaluate(ROWS, metrics=["context_relevance"], llm=plain, show_progress=False, long_inputs="truncate")
     assert result.warnings == [] and any(words(1000) in user_text(r) for r in plain.requests)
 
 
 def test_unknown_policy_is_rejected():
-    with pytest.raises(ValueError, match="long_inputs must be one of truncate, error"):
-        evaluate(ROWS, metrics=["context_relevance"], llm=CountingJudge(answer), show_progress=False,
-                 long_inputs="shorten")
+    for policy in ("shorten", "focus:", "focus:0", "focus:many", "truncate:100"):
+        with pytest.raises(ValueError, match="long_inputs must be one of focus, truncate, error or focus:N"):
+            evaluate(ROWS, metrics=["context_relevance"], llm=CountingJudge(answer), show_progress=False,
+                     long_inputs=policy)
 
 
 def test_claim_metrics_measure_a_claim_as_long_as_claims_may_be():
@@ -158,7 +159,8 @@ def test_llamacpp_counts_with_its_own_tokenizer_and_template(small_ctx):
 
 
 def test_llamacpp_truncate_scores_and_warns(small_ctx):
-    result = evaluate([LONG_ROW], metrics=["context_relevance"], llm=small_ctx, show_progress=False)
+    result = evaluate([LONG_ROW], metrics=["context_relevance"], llm=small_ctx, show_progress=False,
+                      long_inputs="truncate")
     record = result.records()[0]["metrics"]["context_relevance"]
     assert record["value"] is not None and all("error" not in c for c in record["judge_calls"])
     assert all(c["prompt_tokens"] + 1 <= 512 for c in record["judge_calls"])
@@ -173,3 +175,14 @@ def test_llamacpp_error_policy_fails_the_row_only(small_ctx):
                       long_inputs="error")
     assert result.scores[0] == {"context_relevance": None} and result.scores[1]["context_relevance"] is not None
     assert "too long for the judge's context window (512 tokens)" in result.warnings[0]
+
+
+def test_llamacpp_focus_then_fits_the_window_and_keeps_the_short_context_whole(small_ctx):
+    """The default: the 300-fact context is focused on its passages about the question, then cut to the
+    512-token window; both notes are recorded, and the focus alone is no warning."""
+    result = evaluate([LONG_ROW], metrics=["context_relevance"], llm=small_ctx, show_progress=False)
+    record = result.records()[0]["metrics"]["context_relevance"]
+    assert record["value"] is not None and all("error" not in c for c in record["judge_calls"])
+    assert record["details"]["context_focus"].startswith("retrieved_contexts focused on the passages most "
+                                                         "relevant to the sample: kept ")
+    assert result.focused == 1 and len(result.warnings) == 1  # the focus is no warning; the window cut is

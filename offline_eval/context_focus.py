@@ -1,0 +1,185 @@
+"""Long retrieved contexts focused on what the sample says: the passages a judge needs, not the whole text.
+
+A small judge loses track in long contexts: on WiCE dev (claims against whole web articles) the default judge
+said "yes" to supported claims with a mean probability of 0.31, against 0.56 on short passages. And cutting a
+long context from the end to fit the judge's window drops whatever evidence stood late in it. So when a
+sample's contexts hold more than a budget of tokens (estimated as bytes / 4, which holds within about 20% for
+English and Chinese and needs no tokenizer, so every engine and every judge of a `compare` sees the same
+text), each context is cut into passages of a few sentences and only the passages most relevant to the
+sample's texts are kept, in their order, with "…" where text was left out:
+
+- the queries are each sentence of the response, then of the reference, then the question (in that order
+  they take turns below: what the response states needs its evidence most);
+- passages are ranked for each query by BM25 over the sample's passages (words for alphabetic scripts,
+  character bigrams for Chinese, Japanese and Korean, so names, numbers and dates weigh most);
+- every context keeps its best passage (so no context disappears: Context Precision ranks them all), then
+  the queries take turns, each adding its next best passage, until the budget is spent; so each sentence of
+  a long response gets its evidence, not only the sentence with the most words in common;
+- what budget is left goes to the neighbours of the kept passages, nearest first.
+
+The focus is made once per sample, for every metric alike, so a sample's context-showing calls still share one
+prompt prefix (metrics/base.py `request`). Pure text processing: deterministic, no model, no network.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+DEFAULT_BUDGET = 1024  # tokens of contexts a sample keeps (estimated); chosen a priori, see the README
+PASSAGE_BYTES = 400  # a passage: consecutive sentences up to about 100 tokens
+GAP = "…"
+BM25_K1, BM25_B = 1.2, 0.75
+
+# A sentence: up to the end mark and the spaces after it, so sentences and passages are slices of the text
+# and join back to it exactly (Chinese has no space to put back between sentences).
+_SENTENCE = re.compile(r"[^\n]*?(?:[.!?;]\s+|[。！？；]\s*|\n+|$)")
+_CJK = "\u3005-\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_TERMS = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
+_CJK_RUN = re.compile(rf"[{_CJK}]+")
+_STOPWORDS = frozenset("""a an and are as at be been but by can did do does for from had has have he her his
+i if in into is it its me my no not of on or our she so than that the their them then there these they this
+those to was we were what when where which who will with would you your yes also about after all any before
+being both each how just more most other over such only own same some very""".split())
+
+
+def estimated_tokens(text: str) -> int:
+    return (len(text.encode()) + 3) // 4
+
+
+@dataclass
+class Focus:
+    contexts: list[str]
+    note: str  # what was kept, for the result's details
+
+
+def focus_contexts(contexts: Sequence[str], queries: Sequence[Optional[str]],
+                   budget: int = DEFAULT_BUDGET) -> Optional[Focus]:
+    """`contexts` reduced to their passages most relevant to `queries` (response, reference, question: earlier
+    ones take their turn first; None entries are skipped), about `budget` tokens in all; None when they fit the budget as they are."""
+    total = sum(estimated_tokens(c) for c in contexts)
+    if total <= budget:
+        return None
+    passages = [split_passages(c) for c in contexts]
+    flat = [(ci, pi) for ci, ps in enumerate(passages) for pi in range(len(ps))]
+    terms = [_terms(passages[ci][pi]) for ci, pi in flat]
+    rank = _BM25(terms)
+    asks = [t for q in queries if q for s in split_sentences(q) if (t := _terms(s))]
+    scores = [rank.scores(q) for q in asks]
+    best = [max((s[i] for s in scores), default=0.0) for i in range(len(flat))]
+    size = [estimated_tokens(passages[ci][pi]) for ci, pi in flat]
+
+    kept: set[int] = set()
+    used = 0
+    for ci in range(len(contexts)):  # every context keeps its best passage (its first if none matches)
+        own = [i for i, (c, _) in enumerate(flat) if c == ci]
+        if own:
+            top = max(own, key=lambda i: (best[i], -i))
+            kept.add(top)
+            used += size[top]
+    orders = [sorted((i for i in range(len(flat)) if s[i] > 0), key=lambda i: (-s[i], i)) for s in scores]
+    for turn in range(len(flat)):
+        if used >= budget or not any(turn < len(o) for o in orders):
+            break
+        for order in orders:
+            if turn < len(order) and order[turn] not in kept and used + size[order[turn]] <= budget:
+                kept.add(order[turn])
+                used += size[order[turn]]
+
+    # What the budget still holds goes to the kept passages' neighbours, nearest first (they name who "he" or
+    # "it" is, and finish a thought a passage starts), then to the rest in document order.
+    for distance in range(1, len(flat)):
+        near = sorted({i + d for i in kept for d in (-distance, distance)
+                       if 0 <= i + d < len(flat) and flat[i + d][0] == flat[i][0]} - kept)
+        if not near or used >= budget:
+            break
+        for i in near:
+            if used + size[i] <= budget:
+                kept.add(i)
+                used += size[i]
+
+    focused = []
+    for ci, ps in enumerate(passages):
+        chosen = sorted(pi for i, (c, pi) in enumerate(flat) if c == ci and i in kept)
+        focused.append(_joined(ps, chosen) if chosen else contexts[ci])
+    note = (f"retrieved_contexts focused on the passages most relevant to the sample: kept {len(kept)} of "
+            f"{len(flat)} passages, ~{used} of ~{total} tokens (long_inputs=focus:{budget})")
+    return Focus(focused, note)
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, each with the spaces that follow it: "".join(them) == text."""
+    return [m.group() for m in _SENTENCE.finditer(text) if m.group()]
+
+
+def split_passages(text: str) -> list[str]:
+    """`text` as consecutive runs of sentences of up to PASSAGE_BYTES each (a longer sentence is cut after a
+    space, or anywhere in text without spaces): "".join(them) == text."""
+    passages: list[str] = []
+    current = ""
+    for sentence in split_sentences(text):
+        for piece in _pieces(sentence):
+            if current and len((current + piece).encode()) > PASSAGE_BYTES:
+                passages.append(current)
+                current = ""
+            current += piece
+    if current:
+        passages.append(current)
+    return passages
+
+
+def _pieces(sentence: str) -> list[str]:
+    if len(sentence.encode()) <= PASSAGE_BYTES:
+        return [sentence]
+    words = [c for w in re.findall(r"\S+\s*|\s+", sentence)
+             for c in (list(w) if len(w.encode()) > PASSAGE_BYTES else [w])]  # a run without spaces: by character
+    pieces, current = [], ""
+    for word in words:
+        if current and len((current + word).encode()) > PASSAGE_BYTES:
+            pieces.append(current)
+            current = ""
+        current += word
+    return pieces + ([current] if current else [])
+
+
+def _joined(passages: Sequence[str], chosen: Sequence[int]) -> str:
+    """The chosen passages as they stand in the text, with a gap mark for each stretch left out."""
+    text = f"{GAP} " if chosen[0] > 0 else ""
+    for k, pi in enumerate(chosen):
+        if k and pi != chosen[k - 1] + 1:
+            text = text.rstrip() + f" {GAP} "
+        text += passages[pi]
+    if chosen[-1] < len(passages) - 1:
+        text = text.rstrip() + f" {GAP}"
+    return text.strip()
+
+
+def _terms(text: str) -> Counter:
+    """Words (lower-cased, a plural 's' dropped, stopwords out) and, in CJK runs, character bigrams."""
+    out: Counter = Counter()
+    for token in _TERMS.findall(text.lower()):  # a CJK run, or a word of other letters and digits
+        if _CJK_RUN.fullmatch(token):
+            out.update(token[i:i + 2] for i in range(max(1, len(token) - 1)))
+        elif token not in _STOPWORDS:
+            out[token[:-1] if len(token) > 3 and token.endswith("s") and not token.endswith("ss") else token] += 1
+    return out
+
+
+class _BM25:
+    def __init__(self, docs: Sequence[Counter]):
+        self.docs = docs
+        self.lengths = [sum(d.values()) for d in docs]
+        self.mean_length = (sum(self.lengths) / len(docs)) if docs else 0.0
+        df: Counter = Counter(t for d in docs for t in d)
+        n = len(docs)
+        self.idf = {t: math.log(1 + (n - k + 0.5) / (k + 0.5)) for t, k in df.items()}
+
+    def scores(self, query: Counter) -> list[float]:
+        out = []
+        for doc, length in zip(self.docs, self.lengths):
+            norm = BM25_K1 * (1 - BM25_B + BM25_B * length / (self.mean_length or 1))
+            out.append(sum(self.idf[t] * doc[t] * (BM25_K1 + 1) / (doc[t] + norm) for t in query if t in doc))
+        return out
