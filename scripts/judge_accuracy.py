@@ -16,7 +16,9 @@ Two suites:
           (probability, argmax): ROC-AUC, Cohen's kappa and balanced accuracy at 0.5 with 95% bootstrap CIs,
           expected calibration error, mean score per class. The sets named by --tuned-on (default: begin,
           which the prompts and the choice of default scoring were tuned on) are marked: their figures are not
-          accuracy. Then a cut fit on the tuned-on sets (a shift-only recalibration, offline_eval/calibration.py)
+          accuracy. Each set runs under each --long-inputs policy (default focus, then truncate: long contexts
+          judged on their most relevant passages, or whole), with the paired ROC-AUC difference between them;
+          a set whose rows the focus leaves alone runs once. Then a cut fit on the tuned-on sets (a shift-only recalibration, offline_eval/calibration.py)
           is measured on the others: kappa at that cut next to kappa at 0.5. Judge calls go through the judge
           cache, so a rerun replays in seconds.
 
@@ -161,8 +163,9 @@ def run_sets(args: argparse.Namespace, judge) -> None:
     from offline_eval.plan import SCORINGS
 
     tuned = set(args.tuned_on.split(",")) if args.tuned_on else set()
-    lines = ["| set | rows | metric | scoring | ROC-AUC | kappa @ 0.5 | balanced acc. @ 0.5 | ECE | mean pos / neg |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    policies = [p.strip() for p in args.long_inputs.split(",") if p.strip()]
+    lines = ["| set | rows | long inputs | metric | scoring | ROC-AUC | kappa @ 0.5 | balanced acc. @ 0.5 | ECE | "
+             "mean pos / neg |", "|---|---|---|---|---|---|---|---|---|---|"]
     dump = {}
     for name in args.sets.split(","):
         folder, file = DEV_SETS[name]
@@ -170,35 +173,68 @@ def run_sets(args: argparse.Namespace, judge) -> None:
                                  args.seed)
         labels = np.array(labelled.labels["faithfulness"], dtype=float)
         pos = labels == 1.0
-        started = time.perf_counter()
-        result = evaluate([r.data for r in labelled.rows], metrics=args.metrics, llm=judge, cache=True,
-                          show_progress=args.progress)
-        seconds = time.perf_counter() - started
         shown = f"{name} (tuned on)" if name in tuned else name
-        print(f"{name}: {len(labels)} rows ({int(pos.sum())} positive), {seconds:.0f} s", flush=True)
-        dump[name] = {"rows": [r.number for r in labelled.rows], "labels": labels.tolist(), "metrics": {}}
-        for metric in args.metrics:
-            results = [res[metric] for res in result.results.values()]
-            dump[name]["metrics"][metric] = {s: [r.scores.get(s) for r in results] for s in SCORINGS}
-            # each row's constrained choices with the judge's distribution: what a recalibration is fit on
-            dump[name]["metrics"][metric]["choices"] = [
-                [{"stage": c["stage"], "value": c["value"], "probabilities": c["probabilities"]}
-                 for c in r.judge_calls if c.get("probabilities")] for r in results]
-            for scoring in SCORINGS:
-                scores = [r.scores.get(scoring) for r in results]
-                a = agreement(scores, labels, pos, 0.5, args.seed, args.bootstrap)
-                ece = calibration(scores, pos)["ece"]
-                means = a["mean_score"]
-                lines.append(f"| {shown} | {a['scored']} | {metric} | {scoring} | {with_ci(a['auc'])} | "
-                             f"{with_ci(a['kappa'])} | {with_ci(a['balanced_accuracy'])} | {ece:.3f} | "
-                             f"{means['positive']:.2f} / {means['negative']:.2f} |")
-        print("\n".join(lines), flush=True)
-    transferred = transferred_cuts(dump, tuned, args)
-    print("\n".join(transferred))
-    lines += transferred
+        for k, policy in enumerate(policies):
+            started = time.perf_counter()
+            result = evaluate([r.data for r in labelled.rows], metrics=args.metrics, llm=judge, cache=True,
+                              show_progress=args.progress, long_inputs=policy)
+            seconds = time.perf_counter() - started
+            print(f"{name}, long_inputs={policy}: {len(labels)} rows ({int(pos.sum())} positive), {result.focused} "
+                  f"focused, {seconds:.0f} s", flush=True)
+            key = name if k == 0 else f"{name}:{policy}"
+            dump[key] = {"set": name, "long_inputs": policy, "focused": result.focused,
+                         "rows": [r.number for r in labelled.rows], "labels": labels.tolist(), "metrics": {}}
+            for metric in args.metrics:
+                results = [res[metric] for res in result.results.values()]
+                dump[key]["metrics"][metric] = {s: [r.scores.get(s) for r in results] for s in SCORINGS}
+                # each row's constrained choices with the judge's distribution: what a recalibration is fit on
+                dump[key]["metrics"][metric]["choices"] = [
+                    [{"stage": c["stage"], "value": c["value"], "probabilities": c["probabilities"]}
+                     for c in r.judge_calls if c.get("probabilities")] for r in results]
+                for scoring in SCORINGS:
+                    scores = [r.scores.get(scoring) for r in results]
+                    a = agreement(scores, labels, pos, 0.5, args.seed, args.bootstrap)
+                    ece = calibration(scores, pos)["ece"]
+                    means = a["mean_score"]
+                    lines.append(f"| {shown} | {a['scored']} | {policy} ({result.focused} focused) | {metric} | "
+                                 f"{scoring} | {with_ci(a['auc'])} | {with_ci(a['kappa'])} | "
+                                 f"{with_ci(a['balanced_accuracy'])} | {ece:.3f} | "
+                                 f"{means['positive']:.2f} / {means['negative']:.2f} |")
+            print("\n".join(lines), flush=True)
+            if k == 0 and policy.startswith("focus") and not result.focused:
+                break  # no row was focused: the other policies would judge the very same prompts
+    differences = policy_differences(dump, policies, args)
+    transferred = transferred_cuts({k: v for k, v in dump.items() if ":" not in k}, tuned, args)
+    print("\n".join(differences + transferred))
+    lines += differences + transferred
     if args.output:
         Path(args.output).write_text(json.dumps({"table": lines, "sets": dump}, indent=1))
         print(f"scores written to {args.output}")
+
+
+def policy_differences(dump: dict, policies: Sequence[str], args: argparse.Namespace) -> list[str]:
+    """Per set, metric and scoring: the first --long-inputs policy's ROC-AUC minus each other's, on the same
+    rows, with a paired bootstrap interval (rows resampled together): whether focusing long contexts helps."""
+    from offline_eval.agreement import estimate, roc_auc
+    from offline_eval.compare_tables import with_ci
+    from offline_eval.plan import SCORINGS
+
+    others = [(k, v) for k, v in dump.items() if ":" in k]
+    if not others:
+        return []
+    lines = ["", f"ROC-AUC of long_inputs={policies[0]} minus the other policy's, same rows, paired bootstrap:", "",
+             "| set | vs | metric | scoring | difference |", "|---|---|---|---|---|"]
+    for key, other in others:
+        first = dump[other["set"]]
+        for metric in args.metrics:
+            for scoring in SCORINGS:
+                a, b = first["metrics"][metric][scoring], other["metrics"][metric][scoring]
+                keep = [i for i in range(len(a)) if a[i] is not None and b[i] is not None]
+                arrays = [np.array([a[i] for i in keep]), np.array([b[i] for i in keep]),
+                          np.array([first["labels"][i] == 1.0 for i in keep])]
+                diff = estimate(lambda x, y, p: roc_auc(x, p) - roc_auc(y, p), arrays, args.bootstrap, args.seed)
+                lines.append(f"| {other['set']} | {other['long_inputs']} | {metric} | {scoring} | {with_ci(diff)} |")
+    return lines
 
 
 def transferred_cuts(dump: dict, tuned: set, args: argparse.Namespace) -> list[str]:
@@ -345,6 +381,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tuned-on", default="begin",
                         help="sets suite: the sets prompts and scoring were tuned on (marked in the table; "
                              "their figures are not accuracy)")
+    parser.add_argument("--long-inputs", default="focus,truncate",
+                        help="sets suite: the long_inputs policies to run, comma-separated; the first is the one "
+                             "the table leads with and the cut is fit on; a set none of whose rows the focus "
+                             "changes runs once (default: %(default)s)")
     parser.add_argument("--benchmarks", default=str(REPO.parent / "shared" / "benchmarks"),
                         help="the folder of the development sets (default: %(default)s)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
