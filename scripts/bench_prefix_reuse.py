@@ -77,7 +77,8 @@ def worker(rows_path: str, model: str | None) -> None:
     before = llama_cpp.llama_perf_context(ctx)
     p0, e0 = before.n_p_eval, before.n_eval
     started = time.perf_counter()
-    result = evaluate(rows, metrics=METRICS, llm=judge, cache=False, show_progress=False)
+    # whole contexts on both sides (the focus of long contexts came later): this measures the layout alone
+    result = evaluate(rows, metrics=METRICS, llm=judge, cache=False, show_progress=False, long_inputs="truncate")
     seconds = time.perf_counter() - started
     after = llama_cpp.llama_perf_context(ctx)
     st = result.stats
