@@ -27,7 +27,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 DEFAULT_BUDGET = 1024  # tokens of contexts a sample keeps (estimated); chosen a priori, see the README
 PASSAGE_BYTES = 400  # a passage: consecutive sentences up to about 100 tokens
@@ -59,12 +59,17 @@ class Focus:
 def focus_contexts(contexts: Sequence[str], queries: Sequence[Optional[str]],
                    budget: int = DEFAULT_BUDGET) -> Optional[Focus]:
     """`contexts` reduced to their passages most relevant to `queries` (response, reference, question: earlier
-    ones take their turn first; None entries are skipped), about `budget` tokens in all; None when they fit the budget as they are."""
+    ones take their turn first; None entries are skipped), about `budget` tokens in all; None when they fit
+    the budget as they are."""
     total = sum(estimated_tokens(c) for c in contexts)
     if total <= budget:
         return None
     passages = [split_passages(c) for c in contexts]
     flat = [(ci, pi) for ci, ps in enumerate(passages) for pi in range(len(ps))]
+    starts = [0]
+    for ps in passages:
+        starts.append(starts[-1] + len(ps))
+    own = [range(starts[ci], starts[ci + 1]) for ci in range(len(contexts))]  # each context's indices in flat
     terms = [_terms(passages[ci][pi]) for ci, pi in flat]
     rank = _BM25(terms)
     asks = [t for q in queries if q for s in split_sentences(q) if (t := _terms(s))]
@@ -74,10 +79,9 @@ def focus_contexts(contexts: Sequence[str], queries: Sequence[Optional[str]],
 
     kept: set[int] = set()
     used = 0
-    for ci in range(len(contexts)):  # every context keeps its best passage (its first if none matches)
-        own = [i for i, (c, _) in enumerate(flat) if c == ci]
-        if own:
-            top = max(own, key=lambda i: (best[i], -i))
+    for span in own:  # every context keeps its best passage (its first if none matches)
+        if span:
+            top = max(span, key=lambda i: (best[i], -i))
             kept.add(top)
             used += size[top]
     orders = [sorted((i for i in range(len(flat)) if s[i] > 0), key=lambda i: (-s[i], i)) for s in scores]
@@ -89,8 +93,8 @@ def focus_contexts(contexts: Sequence[str], queries: Sequence[Optional[str]],
                 kept.add(order[turn])
                 used += size[order[turn]]
 
-    # What the budget still holds goes to the kept passages' neighbours, nearest first (they name who "he" or
-    # "it" is, and finish a thought a passage starts), then to the rest in document order.
+    # What the budget still holds goes to the kept passages' neighbours in the same context, nearest first (they
+    # name who "he" or "it" is, and finish a thought a passage starts), farther out until it is spent.
     for distance in range(1, len(flat)):
         near = sorted({i + d for i in kept for d in (-distance, distance)
                        if 0 <= i + d < len(flat) and flat[i + d][0] == flat[i][0]} - kept)
@@ -103,7 +107,7 @@ def focus_contexts(contexts: Sequence[str], queries: Sequence[Optional[str]],
 
     focused = []
     for ci, ps in enumerate(passages):
-        chosen = sorted(pi for i, (c, pi) in enumerate(flat) if c == ci and i in kept)
+        chosen = [i - starts[ci] for i in own[ci] if i in kept]
         focused.append(_joined(ps, chosen) if chosen else contexts[ci])
     note = (f"retrieved_contexts focused on the passages most relevant to the sample: kept {len(kept)} of "
             f"{len(flat)} passages, ~{used} of ~{total} tokens (long_inputs=focus:{budget})")
@@ -118,31 +122,27 @@ def split_sentences(text: str) -> list[str]:
 def split_passages(text: str) -> list[str]:
     """`text` as consecutive runs of sentences of up to PASSAGE_BYTES each (a longer sentence is cut after a
     space, or anywhere in text without spaces): "".join(them) == text."""
-    passages: list[str] = []
-    current = ""
-    for sentence in split_sentences(text):
-        for piece in _pieces(sentence):
-            if current and len((current + piece).encode()) > PASSAGE_BYTES:
-                passages.append(current)
-                current = ""
-            current += piece
-    if current:
-        passages.append(current)
-    return passages
+    return _packed(piece for sentence in split_sentences(text) for piece in _pieces(sentence))
 
 
 def _pieces(sentence: str) -> list[str]:
+    """`sentence` whole if it fits a passage, else cut after spaces (a run without spaces: by character)."""
     if len(sentence.encode()) <= PASSAGE_BYTES:
         return [sentence]
-    words = [c for w in re.findall(r"\S+\s*|\s+", sentence)
-             for c in (list(w) if len(w.encode()) > PASSAGE_BYTES else [w])]  # a run without spaces: by character
-    pieces, current = [], ""
-    for word in words:
-        if current and len((current + word).encode()) > PASSAGE_BYTES:
-            pieces.append(current)
+    return _packed(c for w in re.findall(r"\S+\s*|\s+", sentence)
+                   for c in (list(w) if len(w.encode()) > PASSAGE_BYTES else [w]))
+
+
+def _packed(units: Iterable[str]) -> list[str]:
+    """Consecutive `units` joined into runs of up to PASSAGE_BYTES (a unit is never split)."""
+    runs: list[str] = []
+    current = ""
+    for unit in units:
+        if current and len((current + unit).encode()) > PASSAGE_BYTES:
+            runs.append(current)
             current = ""
-        current += word
-    return pieces + ([current] if current else [])
+        current += unit
+    return runs + ([current] if current else [])
 
 
 def _joined(passages: Sequence[str], chosen: Sequence[int]) -> str:
