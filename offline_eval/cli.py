@@ -29,13 +29,14 @@ from rich.table import Table
 
 from .constraints import ConstraintViolation
 from .context_focus import DEFAULT_BUDGET
-from .dataset import DataError, ValidationError
+from .dataset import DataError
 from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
 from .engines.vllm_launch import OFFLINE_ENV
 from .metrics import judge_constraints
 from .models import ModelError, Registry
 from .plan import DEFAULT_SCORING, SCORINGS
+from .scheduler import DEFAULT_WINDOW
 
 # No hub, no telemetry: set before anything imports huggingface_hub, transformers or vLLM.
 for _key, _value in OFFLINE_ENV.items():
@@ -71,6 +72,7 @@ RAY_ADDRESS = typer.Option(None, "--ray-address", help="The Ray cluster for --ra
 REPLICAS = typer.Option(1, "--replicas", min=1, help="--ray: judge replicas, one model each.")
 REPLICA_CPUS = typer.Option(1.0, "--replica-cpus", min=0.0, help="--ray: CPUs per replica.")
 REPLICA_GPUS = typer.Option(None, "--replica-gpus", min=0.0, help="--ray: GPUs per replica. Default: the model's tensor_parallel_size on a cluster with GPUs, else 0.")
+SHOWN_ERRORS = 50  # invalid fields listed before "... and N more"
 BLOCK_ROWS = typer.Option(64, "--block-rows", min=1, help="--ray: rows per block, the unit of work and of resume.")
 
 
@@ -100,15 +102,16 @@ def run(
     replica_cpus: float = REPLICA_CPUS,
     replica_gpus: Optional[float] = REPLICA_GPUS,
     block_rows: int = BLOCK_ROWS,
+    window: int = typer.Option(DEFAULT_WINDOW, "--window", min=1, help="The most samples in flight at once: rows are read, judged and written as the run goes, so memory holds this many samples whatever the data's size. Identical judge calls within the window are sent once."),
     scoring: str = typer.Option(DEFAULT_SCORING, "--scoring", help="How a metric's value comes from its constrained judge answers: probability (the judge's probability of each allowed answer: expected rating, mean P(yes) over claims) or argmax (the answers alone, as Ragas). Every result records both."),
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
     from .dataset import load_rows
-    from .evaluation import PartialResults, select_metrics, validate
-    from .results_io import parquet_problem
+    from .evaluation import row_record, scan_rows, score_rows
+    from .results_io import ResultsStream, parquet_problem
+    from .run_summary import RunSummary
     from .judges import close_judges, embedding_factory, llm_factory
-    from . import evaluate
     from .gate import GateError, load_baseline, parse_bars
     from .long_inputs import parse_policy
 
@@ -131,47 +134,48 @@ def run(
                     EXIT_BAD_INPUT)
     if scoring not in SCORINGS:
         raise _fail(f"--scoring must be one of {', '.join(SCORINGS)}, not {scoring!r}", EXIT_BAD_INPUT)
-    try:
-        rows = load_rows(data)
-        chosen = select_metrics(metrics.split(",") if metrics else None, rows)
-        errors = validate(rows, chosen, partial=not metrics)
-        # evaluate() picks the same default set itself, and with it lets rows lack some metrics' fields
-        to_score = chosen if metrics else None
+    try:  # one pass over the data, keeping no rows: every bad row is found before any judge time
+        scan = scan_rows(data, metrics.split(",") if metrics else None, kept=SHOWN_ERRORS)
     except (DataError, ValueError) as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
+    chosen = scan.metrics
     for metric in chosen:  # the metrics travel to Ray replicas as they are
         metric.scoring = scoring
-    if not rows:
+    if not scan.rows:
         raise _fail(f"{data} has no rows", EXIT_BAD_INPUT)
     try:  # checked before the judge loads, so a typo does not cost a run
         bars = parse_bars(fail_under, [m.name for m in chosen]) if fail_under else {}
         base = load_baseline(baseline) if baseline else None
     except GateError as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
-    if errors and not skip_invalid:
-        err.print(f"[bold red]error:[/] {len(errors)} invalid field(s) in {data}; nothing was evaluated:",
-                  highlight=False)
-        for e in errors:
+    if scan.errors:
+        more = scan.error_count - len(scan.errors)
+        if skip_invalid:
+            err.print(f"[yellow]skipping {scan.bad_rows} invalid row(s):[/]", highlight=False)
+        else:
+            err.print(f"[bold red]error:[/] {scan.error_count} invalid field(s) in {data}; nothing was evaluated:",
+                      highlight=False)
+        for e in scan.errors:
             err.print(f"  {e}", highlight=False)
-        err.print("Fix the rows, or pass --skip-invalid to evaluate the others.")
-        raise typer.Exit(EXIT_BAD_INPUT)
-    if errors:
-        skipped = sorted({e.row.number for e in errors})
-        err.print(f"[yellow]skipping {len(skipped)} invalid row(s):[/] " + ", ".join(map(str, skipped)))
-        for e in errors:
-            err.print(f"  {e}", highlight=False)
+        if more:
+            err.print(f"  ... and {more} more", highlight=False)
+        if not skip_invalid:
+            err.print("Fix the rows, or pass --skip-invalid to evaluate the others.")
+            raise typer.Exit(EXIT_BAD_INPUT)
 
     output = output or Path(f"{data.stem}.results.jsonl")
     if output.suffix == ".parquet" and (problem := parquet_problem()):
         raise _fail(problem, EXIT_BAD_INPUT)
     started = time.perf_counter()
     store = None
-    partial = None
+    results = None
+    scored = False
     ray = ray or ray_address is not None
     if ray and (engine or base_url or server != "auto"):
         raise _fail("--ray runs the judge in process on every replica (vLLM, or llama.cpp for a GGUF model): "
                     "--engine, --server and --base-url do not apply", EXIT_BAD_INPUT)
     urls = [u.strip() for u in base_url.split(",") if u.strip()] if base_url else []
+    to_score = chosen if metrics else None  # None: the default set, whose rows may lack some metrics' fields
     try:
         if ray:  # each replica opens the judge cache of its own node (or `--cache PATH`, a path every node has)
             from .ray_run import RayRunError, evaluate_on_ray
@@ -180,8 +184,8 @@ def run(
                       f"blocks of {block_rows} rows; parts in {output}.parts/", highlight=False)
             try:
                 result = evaluate_on_ray(
-                    rows, to_score, model, replicas, output=output, num_cpus=replica_cpus, num_gpus=replica_gpus,
-                    embeddings=embeddings, block_rows=block_rows, address=ray_address,
+                    load_rows(data), to_score, model, replicas, output=output, num_cpus=replica_cpus,
+                    num_gpus=replica_gpus, embeddings=embeddings, block_rows=block_rows, address=ray_address,
                     cache=False if no_cache else str(cache) if cache else True, long_inputs=long_inputs,
                     skip_invalid=skip_invalid, full_results=False, on_block=lambda b: err.print(
                         f"block of rows {b['rows'][0][0]}-{b['rows'][-1][0]} done on {b['host']} "
@@ -199,37 +203,50 @@ def run(
         if resume:
             err.print(f"resuming: {store.count()} cached judge calls in {store.path}", highlight=False)
         try:  # before any judge time: an output that cannot be written fails now, not after the run
-            partial = PartialResults(output)
+            results = ResultsStream(output, [m.name for m in chosen])
         except OSError as exc:
             raise _fail(f"cannot write the results next to {output}: {exc}", EXIT_BAD_INPUT)
         err.print(f"loading judge {model or Registry.load().get(None).name} ...", highlight=False)
         fleet = {"base_urls": urls} if len(urls) > 1 else {"base_url": urls[0]} if urls else {}
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
-        result = evaluate(rows, metrics=to_score, llm=judge, embeddings=embedder, skip_invalid=skip_invalid,
-                          show_progress=True, cache=store, long_inputs=long_inputs, on_record=partial)
+        summary = RunSummary([m.name for m in chosen])
+
+        def write(row, row_results, row_errors) -> None:
+            record = row_record(row, row_results, [str(e) for e in row_errors] or None)
+            results(record)
+            summary.add(record)
+
+        used, summary.stats = score_rows(data, scan, write, llm=judge, embeddings=embedder, show_progress=True,
+                                         cache=store, long_inputs=long_inputs, window=window)
+        summary.judge = used.identity
+        scored = True
     except CacheError as exc:
-        raise _fail(str(exc) + _kept(partial, None), EXIT_CACHE)
+        raise _fail(str(exc) + _kept(results, None), EXIT_CACHE)
     except (ModelError, EngineError) as exc:
-        raise _fail(str(exc) + _kept(partial, store, "once the judge is back, "), EXIT_ENGINE)
+        raise _fail(str(exc) + _kept(results, store, "once the judge is back, "), EXIT_ENGINE)
+    except DataError as exc:  # the file changed under the run (it was read whole once already)
+        raise _fail(str(exc) + _kept(results, store), EXIT_BAD_INPUT)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (main() raises it as one): say what is kept
-        err.print("stopping the run ..." + _kept(partial, store), highlight=False)  # main() says why
+        err.print("stopping the run ..." + _kept(results, store), highlight=False)  # main() says why
         raise
     finally:
         close_judges()  # stops a vLLM server started for this run
         if store is not None:
             store.close()
-        if partial is not None:
-            partial.close()
-    result.write(output)  # atomic: an existing output is replaced only by a complete one (.parquet or JSONL)
-    partial.discard()
-    _print_summary(result, time.perf_counter() - started)
-    out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache "
+        if results is not None and not scored:
+            results.close()  # keeps the rows written in <output>.partial
+    results.finish()  # atomic: an existing output is replaced only by a complete one (.parquet or JSONL)
+    _print_summary(summary, time.perf_counter() - started)
+    out.print(f"judge calls: {summary.stats.judge_calls} new, {summary.stats.cached} from the cache "
               f"({store.path if store is not None else 'cache off'})", highlight=False)
     out.print(f"per-sample results: {output}", highlight=False)
-    for warning in result.warnings:
+    for warning in summary.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    _gate(result, data, summary_json, bars, base, max_drop, min_coverage)
+    if summary.more_warnings:
+        err.print(f"[yellow]warning:[/] ... and {summary.more_warnings} more rows (details.long_input)",
+                  highlight=False)
+    _gate(summary, data, summary_json, bars, base, max_drop, min_coverage)
 
 
 def _kept(partial, store, when: str = "") -> str:
@@ -283,10 +300,10 @@ def _print_summary(result, seconds: float) -> None:
                       str(m.get("completion_tokens", 0)), f"{m.get('seconds', 0.0):.1f}")
     out.print(table)
     st = result.stats
-    skipped = len({e.row.number for e in result.errors})
+    skipped = result.skipped_rows
     reused = f" ({st.prompt_tokens - st.reused_prompt_tokens} computed, the rest reused from the engine's " \
              f"prefix cache)" if st.reused_prompt_tokens else ""
-    out.print(f"{len(result.results)} samples scored, {skipped} skipped; {st.prompt_tokens} prompt{reused} + "
+    out.print(f"{result.scored_rows} samples scored, {skipped} skipped; {st.prompt_tokens} prompt{reused} + "
               f"{st.completion_tokens} completion tokens; {seconds:.1f} s", highlight=False)
     if result.focused:
         out.print(f"{result.focused} sample(s) with long contexts were judged on their passages most relevant to "

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ast
 import csv
-import io
 import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 FIELDS = ("user_input", "retrieved_contexts", "response", "reference")
 RUBRIC_KEYS = tuple(f"score{i}_description" for i in range(1, 6))  # as RubricsScore expects them
@@ -82,10 +81,19 @@ class ValidationError(ValueError):
 def load_rows(source: Any) -> list[Row]:
     """Rows from a file path (.jsonl/.json/.csv/.parquet), a list of dicts, a dict of columns, a pandas
     DataFrame, a Hugging Face Dataset, or a list of SingleTurnSample."""
-    if isinstance(source, (str, Path)):
-        return _load_file(Path(source))
     if isinstance(source, list) and source and all(isinstance(r, Row) for r in source):
         return source  # already loaded (keeps file line numbers)
+    return list(iter_rows(source))
+
+
+def iter_rows(source: Any) -> Iterator[Row]:
+    """`load_rows` one row at a time: a .jsonl, .csv or .tsv file is read line by line and a .parquet file in
+    batches, so reading a file of any size holds one row (a batch) at a time. A .json file is one document,
+    read whole."""
+    if isinstance(source, (str, Path)):
+        return _file_rows(Path(source))
+    if isinstance(source, list) and source and all(isinstance(r, Row) for r in source):
+        return iter(source)
     if isinstance(source, dict):
         return _from_columns(source)
     if hasattr(source, "to_pandas") and hasattr(source, "column_names"):  # datasets.Dataset
@@ -93,25 +101,26 @@ def load_rows(source: Any) -> list[Row]:
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # pandas.DataFrame
         return _from_records(source.to_dict("records"))
     if hasattr(source, "samples"):  # EvaluationDataset
-        return load_rows(source.samples)
+        return iter_rows(source.samples)
     if isinstance(source, Iterable):
-        items = list(source)
-        return _from_records([s.to_dict() if isinstance(s, SingleTurnSample) else s for s in items])
+        return _from_records(s.to_dict() if isinstance(s, SingleTurnSample) else s for s in source)
     raise DataError(f"cannot read a dataset from {type(source).__name__}")
 
 
-def _from_records(records: list[Any], lines: Optional[list[int]] = None) -> list[Row]:
-    rows = []
-    for i, rec in enumerate(records):
-        line = lines[i] if lines else None
+def _from_records(records: Iterable[Any]) -> Iterator[Row]:
+    return _numbered((rec, None) for rec in records)
+
+
+def _numbered(pairs: Iterable[tuple[Any, Optional[int]]]) -> Iterator[Row]:
+    """Rows from (record, its line in the file or None), numbered from 1."""
+    for i, (rec, line) in enumerate(pairs):
         if not isinstance(rec, dict):
             where = f"row {i + 1}" + (f" (line {line})" if line else "")
             raise DataError(f"{where}: expected an object with named fields, got {type(rec).__name__}")
-        rows.append(_make_row(i + 1, rec, line))
-    return rows
+        yield _make_row(i + 1, rec, line)
 
 
-def _from_columns(columns: dict[str, Any]) -> list[Row]:
+def _from_columns(columns: dict[str, Any]) -> Iterator[Row]:
     lengths = {k: len(v) for k, v in columns.items() if isinstance(v, (list, tuple))}
     if len(lengths) != len(columns):
         bad = [k for k in columns if k not in lengths]
@@ -119,7 +128,7 @@ def _from_columns(columns: dict[str, Any]) -> list[Row]:
     if len(set(lengths.values())) > 1:
         raise DataError(f"columns have different lengths: {lengths}")
     n = next(iter(lengths.values()), 0)
-    return _from_records([{k: columns[k][i] for k in columns} for i in range(n)])
+    return _from_records({k: columns[k][i] for k in columns} for i in range(n))
 
 
 def _make_row(number: int, record: dict[str, Any], line: Optional[int]) -> Row:
@@ -148,49 +157,53 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _load_file(path: Path) -> list[Row]:
+PARQUET_BATCH = 1024  # rows read from a Parquet file at a time
+
+
+def _file_rows(path: Path) -> Iterator[Row]:
+    """A file's rows, lazily. Whether the file exists and its type are checked at once, not when the first
+    row is asked for."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        import pandas as pd
-
-        try:
-            return _from_records(pd.read_parquet(path).to_dict("records"))
-        except ImportError as exc:
-            raise DataError(f"{path}: reading Parquet needs pyarrow ({exc})") from None
-    text_lines = _decode_lines(path)
+        return _parquet_rows(path)
     if suffix in (".jsonl", ".ndjson"):
-        return _parse_jsonl(path, text_lines)
+        return _jsonl_rows(path)
     if suffix == ".json":
-        return _parse_json(path, "".join(text_lines))
+        return _json_rows(path)
     if suffix in (".csv", ".tsv"):
-        return _parse_csv(path, "".join(text_lines), "\t" if suffix == ".tsv" else ",")
+        return _csv_rows(path, "\t" if suffix == ".tsv" else ",")
     raise DataError(f"{path}: unknown file type {suffix!r} (use .jsonl, .json, .csv, .tsv or .parquet)")
 
 
-def _decode_lines(path: Path) -> list[str]:
-    lines = []
+def _parquet_rows(path: Path) -> Iterator[Row]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise DataError(f"{path}: reading Parquet needs pyarrow ({exc})") from None
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH)
+    except Exception as exc:  # pyarrow raises its own types for a file that is not Parquet
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    return _from_records(record for batch in batches for record in batch.to_pylist())
+
+
+def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line, decoded as UTF-8 (a BOM on the first line is dropped)."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
-                lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise DataError(
                     f"{path} line {number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column "
                     f"{exc.start + 1}); save the file as UTF-8"
                 ) from None
-    return lines
 
 
-def _parse_jsonl(path: Path, lines: list[str]) -> list[Row]:
-    records, numbers = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        records.append(json_line(path, number, line))
-        numbers.append(number)
-    return _from_records(records, numbers)
+def _jsonl_rows(path: Path) -> Iterator[Row]:
+    return _numbered((json_line(path, n, line), n) for n, line in _decoded_lines(path) if line.strip())
 
 
 def json_line(path: Path, number: int, line: str | bytes) -> Any:
@@ -201,7 +214,8 @@ def json_line(path: Path, number: int, line: str | bytes) -> Any:
         raise DataError(f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
 
 
-def _parse_json(path: Path, text: str) -> list[Row]:
+def _json_rows(path: Path) -> Iterator[Row]:
+    text = "".join(line for _, line in _decoded_lines(path))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -213,16 +227,17 @@ def _parse_json(path: Path, text: str) -> list[Row]:
     raise DataError(f"{path}: expected a list of rows or a dict of columns")
 
 
-def _parse_csv(path: Path, text: str, delimiter: str) -> list[Row]:
-    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
-    records, numbers = [], []
-    try:
-        for rec in reader:
-            records.append({k: _csv_cell(k, v) for k, v in rec.items() if k is not None})
-            numbers.append(reader.line_num)
-    except csv.Error as exc:
-        raise DataError(f"{path} line {reader.line_num}: {exc}") from None
-    return _from_records(records, numbers)
+def _csv_rows(path: Path, delimiter: str) -> Iterator[Row]:
+    reader = csv.DictReader((line for _, line in _decoded_lines(path)), delimiter=delimiter)
+
+    def records() -> Iterator[tuple[dict[str, Any], int]]:
+        try:
+            for rec in reader:
+                yield {k: _csv_cell(k, v) for k, v in rec.items() if k is not None}, reader.line_num
+        except csv.Error as exc:
+            raise DataError(f"{path} line {reader.line_num}: {exc}") from None
+
+    return _numbered(records())
 
 
 _CSV_LISTS = {"retrieved_contexts", "ground_truths"}  # columns that hold lists (ground_truths: joined later)

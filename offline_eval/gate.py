@@ -123,12 +123,12 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
 # ---- the summary JSON --------------------------------------------------------------------------------------
 
 def summary_document(result: Any, data: str) -> dict[str, Any]:
-    """What `run --summary-json` writes (and `--baseline` reads) for an EvaluationResult."""
+    """What `run --summary-json` writes (and `--baseline` reads) for an EvaluationResult or a RunSummary."""
     metrics = {name: {**s, "mean": None if math.isnan(s["mean"]) else s["mean"]}
                for name, s in result.summary().items()}
     return {"format": SUMMARY_FORMAT, "version": 1, "data": data,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "judge": result.judge,
-            "samples": len(result.results), "skipped": len({e.row.number for e in result.errors}),
+            "samples": result.scored_rows, "skipped": result.skipped_rows,
             "metrics": metrics}
 
 

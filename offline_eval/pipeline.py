@@ -1,12 +1,13 @@
 """The pipelined strategy of the scheduler, for engines with an async `session()` (the vLLM server client).
 
-Every (sample, metric) plan runs as its own asyncio task: it sends a stage, waits for that stage's answers
-only, and sends its next stage at once. A sample's claim verdicts go out while other samples still wait
-for their claims, so the server always has `max_concurrency` requests to batch, instead of draining to zero
-at the end of every wave.
+Every sample of the window runs as its own asyncio task, and each of its (metric) plans sends a stage, waits
+for that stage's answers only, and sends its next stage at once. A sample's claim verdicts go out while other
+samples still wait for their claims, so the server always has `max_concurrency` requests to batch, instead of
+draining to zero at the end of every wave. A new sample is read as soon as the oldest one is reported.
 
 Same contract as the waves in scheduler.py, through the state both share (run_state.py):
-- identical requests are sent once per run: the first asker's future is shared by every later one;
+- identical requests are sent once within the window: the first asker's future is shared by every later one,
+  and forgotten once no sample in the window asked for it;
 - the persistent cache answers before the engine, and each new output is stored (committed) as soon as it
   returns, so a killed run loses only the requests in flight;
 - embedding texts asked for within EMBED_WINDOW seconds are embedded in one call, in a worker thread so
@@ -23,45 +24,98 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import numpy as np
 
 from .engines.aio import run_sync
 from .engines.base import JudgeOutput, JudgeRequest, abilities
 from .plan import Embed
-from .run_state import Feed, Progress, RunStats, Task, deliver, embed_texts, embedder_for, embedding_lane
+from .run_state import (Feed, Progress, RunStats, SampleRun, Task, deliver, embed_texts, embedder_for,
+                        embedding_lane)
 
 EMBED_WINDOW = 0.02  # seconds: long enough to batch every plan that reaches its embedding stage together
 DEFAULT_SLOTS = 64  # when an engine does not say how many requests it keeps in flight
 
 
-def run_pipelined(tasks: Sequence[Task], feed: Feed, embedder: Any, progress: Progress, stats: RunStats) -> None:
-    run_sync(lambda: _pipeline(tasks, feed, embedder, progress, stats))
+def stream_pipelined(items: Iterable[Any], begin: Callable[[Any], SampleRun], report: Callable[[SampleRun], None],
+                     window: int, feed: Feed, embedder: Any, progress: Progress, stats: RunStats,
+                     begin_in_thread: bool = False) -> None:
+    """Read `items` lazily, `begin` each into a SampleRun (in a worker thread with `begin_in_thread`: measuring
+    its prompts may ask the server), drive its plans, and `report` the samples in input order, with at most
+    `window` samples begun and not yet reported."""
+    run_sync(lambda: _stream(items, begin, report, window, feed, embedder, progress, stats, begin_in_thread))
 
 
-async def _pipeline(tasks: Sequence[Task], feed: Feed, embedder: Any, progress: Progress,
-                    stats: RunStats) -> None:
+_END = object()
+
+
+async def _stream(items, begin, report, window: int, feed: Feed, embedder: Any, progress: Progress,
+                  stats: RunStats, begin_in_thread: bool) -> None:
     async with feed.engine.session() as submit:
         slots = abilities(feed.engine).max_concurrency
         judge = _Judge(submit, DEFAULT_SLOTS if slots is None else slots, feed, progress, stats)
         embed = _Embedder(embedder, feed.cache, stats)
-        runs = [asyncio.ensure_future(_drive(t, judge, embed)) for t in tasks]
+        room = asyncio.Semaphore(window)
+        begun: asyncio.Queue = asyncio.Queue()  # (run, its future) in input order; None after the last
+        live: set[asyncio.Future] = set()
+        failure = asyncio.get_running_loop().create_future()  # the first error of any sample, at once
+
+        def watch(future: asyncio.Future) -> None:
+            live.discard(future)
+            if not future.cancelled() and future.exception() is not None and not failure.done():
+                failure.set_exception(future.exception())
+
+        async def admit() -> None:
+            source = iter(items)
+            while True:
+                await room.acquire()  # before reading: the window bounds what was read, not only what runs
+                if (item := next(source, _END)) is _END:
+                    break
+                run = await asyncio.to_thread(begin, item) if begin_in_thread else begin(item)
+                future = asyncio.ensure_future(_drive_sample(run, judge, embed))
+                live.add(future)
+                future.add_done_callback(watch)
+                begun.put_nowait((run, future))
+            begun.put_nowait(None)
+
+        async def emit() -> None:
+            while (entry := await begun.get()) is not None:
+                run, future = entry
+                await future
+                report(run)
+                judge.release(run.asked)
+                embed.release(run.asked)
+                room.release()
+
+        feeder = asyncio.ensure_future(admit())
+        feeder.add_done_callback(watch)
+        emitter = asyncio.ensure_future(emit())
         try:
-            await asyncio.gather(*runs)
+            await asyncio.wait([emitter, failure], return_when=asyncio.FIRST_COMPLETED)
+            if failure.done():
+                failure.result()  # raises it
+            emitter.result()
         except BaseException:  # an engine error or Ctrl-C: stop every request still out
-            pending = [*runs, *judge.answers.values(), *embed.batches]
+            pending = [feeder, emitter, *live, *judge.answers.values(), *embed.batches]
             for r in pending:
                 r.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             raise
+        finally:
+            if not failure.done():
+                failure.cancel()
 
 
-async def _drive(task: Task, judge: "_Judge", embed: "_Embedder") -> None:
-    """Run one plan to its result, one stage at a time."""
+async def _drive_sample(run: SampleRun, judge: "_Judge", embed: "_Embedder") -> None:
+    await asyncio.gather(*(_drive(t, judge, embed, run.asked) for t in run.live()))
+
+
+async def _drive(task: Task, judge: "_Judge", embed: "_Embedder", asked: list[Any]) -> None:
+    """Run one plan to its result, one stage at a time; `asked` gets the keys of what it asked."""
     while task.result is None:
-        answers = await asyncio.gather(*(embed(item.texts, item.lang) if isinstance(item, Embed) else judge(item)
-                                         for item in task.waiting))
+        answers = await asyncio.gather(*(embed(item.texts, item.lang, asked) if isinstance(item, Embed)
+                                         else judge(item, asked) for item in task.waiting))
         deliver(task, [a for a, _ in answers], [s for _, s in answers])
 
 
@@ -77,8 +131,11 @@ class _Judge:
         self.progress = progress
         self.stats = stats
         self.answers: dict[str, asyncio.Future] = {}  # request key -> (output, seconds charged)
+        self.askers: dict[str, int] = {}  # request key -> samples in the window that asked it
 
-    def __call__(self, request: JudgeRequest) -> asyncio.Future:
+    def __call__(self, request: JudgeRequest, asked: list[Any]) -> asyncio.Future:
+        asked.append(request.key)
+        self.askers[request.key] = self.askers.get(request.key, 0) + 1
         answer = self.answers.get(request.key)
         if answer is not None:
             self.stats.deduplicated += 1
@@ -102,6 +159,11 @@ class _Judge:
         self.feed.record([request], [out], self.stats)  # counted, and committed to the cache at once
         return out, held / self.slots
 
+    def release(self, keys: Sequence[Any]) -> None:
+        """A reported sample's keys: answers no sample in the window asked for are forgotten (the cache keeps
+        them), so the run's memory is the window's."""
+        _release(self.askers, self.answers, (k for k in keys if isinstance(k, str)))
+
 
 class _Embedder:
     """Embeds texts in batches: each text once per run, texts asked for close together in one call."""
@@ -111,13 +173,17 @@ class _Embedder:
         self.cache = cache
         self.stats = stats
         self.vectors: dict[tuple[str, str], asyncio.Future] = {}  # (lane, text) -> (vector, seconds charged)
+        self.askers: dict[tuple[str, str], int] = {}  # (lane, text) -> samples in the window that asked it
         self.waiting: list[tuple[str, str]] = []  # (lane, text) for the next batch
         self.batches: list[asyncio.Task] = []
         self.lock = asyncio.Lock()  # one batch at a time in the worker thread
 
-    async def __call__(self, texts: Sequence[str], lang: str = "") -> tuple[np.ndarray, float]:
+    async def __call__(self, texts: Sequence[str], lang: str, asked: list[Any]) -> tuple[np.ndarray, float]:
         loop = asyncio.get_running_loop()
         keys = [(embedding_lane(self.embedder, lang), text) for text in texts]
+        for key in keys:
+            asked.append(key)
+            self.askers[key] = self.askers.get(key, 0) + 1
         new = [k for k in dict.fromkeys(keys) if k not in self.vectors]
         for key in new:
             self.vectors[key] = loop.create_future()
@@ -147,3 +213,15 @@ class _Embedder:
         self.stats.embedded_texts += computed
         for key, vector in zip(keys, vectors):
             self.vectors[key].set_result((vector, each))
+
+    def release(self, keys: Sequence[Any]) -> None:
+        """As _Judge.release, for the (lane, text) keys."""
+        _release(self.askers, self.vectors, (k for k in keys if isinstance(k, tuple)))
+
+
+def _release(askers: dict[Any, int], answers: dict[Any, asyncio.Future], keys: Iterable[Any]) -> None:
+    for key in keys:
+        askers[key] -= 1
+        if not askers[key]:
+            del askers[key]
+            answers.pop(key, None)

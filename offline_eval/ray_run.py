@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .dataset import Row, to_sample
-from .evaluation import EvaluationResult, json_default, scorable_rows
+from .evaluation import EvaluationResult, scorable_rows
+from .results_io import json_default
 from .long_inputs import DEFAULT_POLICY
 from .metrics import Metric, MetricResult
 from .results_io import results_writer

@@ -4,8 +4,19 @@ metric with its value, and `record`, the same JSON record as text, so nothing is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
+
+def record_line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, default=json_default) + "\n"
+
+
+def json_default(value: Any) -> Any:
+    """json.dumps' `default` for result records: numpy values as lists and numbers."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
 def results_writer(path: Path, metric_names: Sequence[str], parquet: bool = False) -> Any:
@@ -64,3 +75,46 @@ class ParquetOut:
     def close(self) -> None:
         self._flush()
         self.writer.close()
+
+
+class ResultsStream:
+    """A run's results file, written as the rows finish: each row's record, in row order, is appended to
+    `<output>.partial` (JSONL, readable while the run goes on, and kept if the run stops) and, for a .parquet
+    output, to `<output>.tmp` in row groups. `finish()` then puts the complete file in place at once
+    (a rename), so an existing output is only ever replaced by a complete one; `close()` keeps the partial
+    file for a later `--resume`."""
+
+    def __init__(self, output: str | Path, metric_names: Sequence[str], parquet: Optional[bool] = None):
+        self.output = Path(output)
+        self.path = self.output.with_name(self.output.name + ".partial")
+        self.rows = 0
+        parquet = self.output.suffix == ".parquet" if parquet is None else parquet
+        self._tmp = self.output.with_name(self.output.name + ".tmp") if parquet else None
+        self._file = open(self.path, "w", encoding="utf-8")
+        self._parquet = ParquetOut(self._tmp, metric_names) if self._tmp else None
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        line = record_line(record)
+        self._file.write(line)
+        if self._parquet is not None:
+            self._parquet.write(line.rstrip("\n"), record)
+        self._file.flush()  # each row readable (and kept) as soon as it is done
+        self.rows += 1
+
+    def finish(self) -> None:
+        self._file.close()
+        if self._parquet is not None:
+            self._parquet.close()
+            self._tmp.replace(self.output)
+            self.path.unlink()
+        else:
+            self.path.replace(self.output)
+
+    def close(self) -> None:
+        """Stop without finishing: the partial file keeps every row written; a Parquet file in the making is
+        dropped (it is unreadable before its footer)."""
+        if not self._file.closed:
+            self._file.close()
+        if self._parquet is not None and self._tmp.exists():
+            self._parquet.writer.close()
+            self._tmp.unlink()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
@@ -59,8 +59,27 @@ class Task:
     calls: list[dict[str, Any]] = field(default_factory=list)
     waiting: list[Any] = field(default_factory=list)  # the stage this plan waits on
     seconds: float = 0.0  # its share of engine and embedding time
-    on_done: Optional[Callable[[], None]] = None  # called once its result is set
     scoring: str = DEFAULT_SCORING  # which of the result's scores becomes its value
+
+
+@dataclass
+class SampleRun:
+    """One sample in a run's window: its plans (None: a row passed through unscored) and, pipelined, the
+    request and embedding keys it asked, released once it is reported."""
+
+    tag: Any
+    tasks: Optional[list[Task]]
+    asked: list[Any] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return all(t.result is not None for t in self.tasks or ())
+
+    def live(self) -> list[Task]:
+        return [t for t in self.tasks or () if t.result is None]
+
+    def results(self) -> Optional[dict[str, MetricResult]]:
+        return None if self.tasks is None else {t.metric.name: t.result for t in self.tasks}
 
 
 def deliver(task: Task, results: list[Any], seconds: list[float]) -> None:
@@ -83,8 +102,6 @@ def advance(task: Task, results: Optional[list[Any]]) -> None:
         task.result.judge_calls = task.calls
         _note_failed_calls(task.result)
         task.waiting = []
-        if task.on_done is not None:
-            task.on_done()
 
 
 def failed_calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -172,7 +172,8 @@ def test_malformed_json_file_names_the_line(tmp_path):
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_non_utf8_file_names_the_line(tmp_path, suffix):
     path = tmp_path / f"data{suffix}"
-    path.write_bytes(b"user_input,response\n" + "caf\u00e9,ok\n".encode("latin-1"))  # decoding fails before parsing
+    first = b'{"user_input": "q", "response": "r"}\n' if suffix == ".jsonl" else b"user_input,response\n"
+    path.write_bytes(first + "caf\u00e9,ok\n".encode("latin-1"))  # line 2 fails to decode, before parsing
     with pytest.raises(DataError, match=r"line 2\b.*UTF-8"):
         load_rows(path)
 

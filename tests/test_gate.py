@@ -163,8 +163,8 @@ def test_unreadable_baselines_are_usage_errors(tmp_path, content, message):
 def test_summary_document_round_trips_as_a_baseline(tmp_path):
     class Result:
         judge = JUDGE
-        results = {1: {}, 2: {}}
-        errors = []
+        scored_rows = 2
+        skipped_rows = 0
 
         @staticmethod
         def summary():

@@ -65,19 +65,18 @@ def scores(path: Path) -> list[dict]:
 
 def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
     data = first_rows(4, tmp_path / "five.jsonl")
-    # row 5's context cannot fit the judge (n_ctx 8192): with --long-inputs error it is done before any judge
-    # call, so the killed run has surely finished a row for its partial file
-    long_row = {**json.loads(data.read_text(encoding="utf-8").splitlines()[0]),
-                "retrieved_contexts": ["The sea is wide and deep. " * 1500]}
-    with data.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(long_row) + "\n")
+    # row 1's context cannot fit the judge (n_ctx 8192): with --long-inputs error it is done before any judge
+    # call, so the killed run has surely written a row (rows are written in order) to its partial file
+    lines = data.read_text(encoding="utf-8").splitlines()
+    long_row = {**json.loads(lines[0]), "retrieved_contexts": ["The sea is wide and deep. " * 1500]}
+    data.write_text("\n".join([json.dumps(long_row), *lines]) + "\n", encoding="utf-8")
     full_new, full_cached = finish(run_cli("--cache", "full.sqlite", "-o", "full.jsonl", str(data), cwd=tmp_path))
     assert full_cached == 0 and full_new > 4
 
     output = tmp_path / "resumed.jsonl"
     output.write_text("previous results\n")
     killed = run_cli("--cache", "resume.sqlite", "-o", output.name, str(data), cwd=tmp_path)
-    partial = tmp_path / f"{output.name}.partial"  # the rows it finished, as they finished
+    partial = tmp_path / f"{output.name}.partial"  # the rows it finished, in row order
     deadline, seen = time.monotonic() + 120, set()
     while max(seen, default=0) < 4 or not (partial.exists() and partial.read_text(encoding="utf-8")):
         assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()[1]
@@ -92,7 +91,8 @@ def test_a_killed_run_resumes_to_the_same_scores(tmp_path):
     assert 4 <= stored < full_new
     assert output.read_text() == "previous results\n"  # kept: the killed run never wrote a partial file
     finished = [json.loads(line) for line in partial.read_text(encoding="utf-8").splitlines()]
-    assert 5 in [r["row"] for r in finished] and len(finished) < 5
+    rows_done = [r["row"] for r in finished]
+    assert rows_done == list(range(1, len(rows_done) + 1)) and len(finished) < 5
 
     new, cached = finish(run_cli("--cache", "resume.sqlite", "--resume", "-o", output.name, str(data),
                                  cwd=tmp_path))
