@@ -7,11 +7,11 @@
 """
 
 from .dataset import DataError, EvaluationDataset, SingleTurnSample, ValidationError
-from .evaluation import EvaluationResult, evaluate
+from .evaluation import EvaluationResult, evaluate, evaluate_iter
 from .judges import Embeddings, embedding_factory, llm_factory
 from .metrics import MetricResult
 
 __version__ = "0.1.0"
 
-__all__ = ["evaluate", "EvaluationResult", "EvaluationDataset", "SingleTurnSample", "MetricResult",
-           "llm_factory", "embedding_factory", "Embeddings", "DataError", "ValidationError"]
+__all__ = ["evaluate", "evaluate_iter", "EvaluationResult", "EvaluationDataset", "SingleTurnSample",
+           "MetricResult", "llm_factory", "embedding_factory", "Embeddings", "DataError", "ValidationError"]

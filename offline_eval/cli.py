@@ -109,9 +109,10 @@ def run(
     from .cache import CacheError, JudgeCache, default_path
     from .dataset import load_rows
     from .evaluation import row_record, scan_rows, score_rows
-    from .results_io import ResultsStream, parquet_problem
+    from .results_io import ResultsStream, parquet_problem, partial_path
+    from .resume import FinishedRows, run_identity, set_aside
     from .run_summary import RunSummary
-    from .judges import close_judges, embedding_factory, llm_factory
+    from .judges import close_judges, embedding_factory, llm_factory, resolve_judge
     from .gate import GateError, load_baseline, parse_bars
     from .long_inputs import parse_policy
 
@@ -169,6 +170,7 @@ def run(
     started = time.perf_counter()
     store = None
     results = None
+    finished = None  # --resume: the rows an interrupted run finished
     scored = False
     ray = ray or ray_address is not None
     if ray and (engine or base_url or server != "auto"):
@@ -203,6 +205,7 @@ def run(
         if resume:
             err.print(f"resuming: {store.count()} cached judge calls in {store.path}", highlight=False)
         try:  # before any judge time: an output that cannot be written fails now, not after the run
+            aside = set_aside(partial_path(output)) if resume else None  # the interrupted run's rows
             results = ResultsStream(output, [m.name for m in chosen])
         except OSError as exc:
             raise _fail(f"cannot write the results next to {output}: {exc}", EXIT_BAD_INPUT)
@@ -211,14 +214,27 @@ def run(
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
         summary = RunSummary([m.name for m in chosen])
+        identity = run_identity(resolve_judge(judge).identity, [m.name for m in chosen], scoring, long_inputs,
+                                data)
+        results.describe(identity)
+        if aside is not None:
+            finished = FinishedRows(aside, identity)
+            if not finished.same_run:
+                err.print(f"{aside} was written by another judge, metrics, scoring or data: every row is scored "
+                          "again (the cache answers what it holds)", highlight=False)
 
         def write(row, row_results, row_errors) -> None:
             record = row_record(row, row_results, [str(e) for e in row_errors] or None)
             results(record)
             summary.add(record)
 
+        def write_finished(record) -> None:
+            results(record)
+            summary.add(record)
+
         used, summary.stats = score_rows(data, scan, write, llm=judge, embeddings=embedder, show_progress=True,
-                                         cache=store, long_inputs=long_inputs, window=window)
+                                         cache=store, long_inputs=long_inputs, window=window,
+                                         finished=finished, on_finished=write_finished)
         summary.judge = used.identity
         scored = True
     except CacheError as exc:
@@ -236,10 +252,15 @@ def run(
             store.close()
         if results is not None and not scored:
             results.close()  # keeps the rows written in <output>.partial
+        if finished is not None:
+            finished.done(results.rows)
     results.finish()  # atomic: an existing output is replaced only by a complete one (.parquet or JSONL)
     _print_summary(summary, time.perf_counter() - started)
     out.print(f"judge calls: {summary.stats.judge_calls} new, {summary.stats.cached} from the cache "
               f"({store.path if store is not None else 'cache off'})", highlight=False)
+    if finished is not None and finished.same_run:
+        out.print(f"{finished.reused} row(s) taken as they were from the interrupted run's results",
+                  highlight=False)
     out.print(f"per-sample results: {output}", highlight=False)
     for warning in summary.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)

@@ -38,8 +38,7 @@ BM25_K1, BM25_B = 1.2, 0.75
 # and join back to it exactly (Chinese has no space to put back between sentences).
 _SENTENCE = re.compile(r"[^\n]*?(?:[.!?;]\s+|[。！？；]\s*|\n+|$)")
 _CJK = "\u3005-\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TERMS = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
-_CJK_RUN = re.compile(rf"[{_CJK}]+")
+_TERMS = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
 _STOPWORDS = frozenset("""a an and are as at be been but by can did do does for from had has have he her his
 i if in into is it its me my no not of on or our she so than that the their them then there these they this
 those to was we were what when where which who will with would you your yes also about after all any before
@@ -159,13 +158,13 @@ def _joined(passages: Sequence[str], chosen: Sequence[int]) -> str:
 
 def _terms(text: str) -> Counter:
     """Words (lower-cased, a plural 's' dropped, stopwords out) and, in CJK runs, character bigrams."""
-    out: Counter = Counter()
-    for token in _TERMS.findall(text.lower()):  # a CJK run, or a word of other letters and digits
-        if _CJK_RUN.fullmatch(token):
-            out.update(token[i:i + 2] for i in range(max(1, len(token) - 1)))
-        elif token not in _STOPWORDS:
-            out[token[:-1] if len(token) > 3 and token.endswith("s") and not token.endswith("ss") else token] += 1
-    return out
+    found: list[str] = []  # in text order, counted at once: the hot loop of a focus (one call per passage)
+    for cjk, word in _TERMS.findall(text.lower()):  # a CJK run, or a word of other letters and digits
+        if cjk:
+            found.extend(cjk[i:i + 2] for i in range(max(1, len(cjk) - 1)))
+        elif word not in _STOPWORDS:
+            found.append(word[:-1] if len(word) > 3 and word[-1] == "s" and word[-2] != "s" else word)
+    return Counter(found)
 
 
 class _BM25:

@@ -258,23 +258,34 @@ def score_rows(dataset: Any, scan: Scan, on_row: Callable[[Row, Optional[dict[st
                llm: Any = None, embeddings: Any = None, show_progress: bool = True,
                progress: Optional[Progress] = None, cache: Any = False, long_inputs: str = DEFAULT_POLICY,
                scoring: Optional[str] = None, window: Optional[int] = None,
-               stats: Optional[RunStats] = None) -> tuple[Any, RunStats]:
+               stats: Optional[RunStats] = None, finished: Optional[Callable[[Row], Optional[dict]]] = None,
+               on_finished: Optional[Callable[[dict], None]] = None) -> tuple[Any, RunStats]:
     """Read `dataset` again, row by row, and score its valid rows with the metrics `scan` chose; calls
     `on_row(row, results, errors)` for every row in row order (results None, with its errors, for an invalid
-    row). Returns the judge engine and the run's stats."""
+    row). `finished(row)`: an earlier run's record of `row` (resume.FinishedRows), which is then passed to
+    `on_finished(record)`, in its place in row order, instead of scoring the row again. Returns the judge
+    engine and the run's stats."""
     # One judge per run: the one given, else the first metric's, else the default.
     engine = resolve_judge(llm if llm is not None else next((m.llm for m in scan.metrics if m.llm is not None),
                                                             None))
     stats = stats if stats is not None else RunStats()
 
-    def items() -> Iterator[tuple[tuple[Row, list[RowError]], Any]]:
+    def items() -> Iterator[tuple[tuple[Row, list[RowError], Optional[dict]], Any]]:
         for row in iter_rows(dataset):
             errors = scan.errors_of(row)
-            yield (row, errors), None if errors else to_sample(row)
+            record = finished(row) if finished is not None else None
+            yield (row, errors, record), None if errors or record is not None else to_sample(row)
+
+    def report(tag: tuple[Row, list[RowError], Optional[dict]], results: Any) -> None:
+        row, errors, record = tag
+        if record is not None:
+            on_finished(record)
+        else:
+            on_row(row, results, errors)
 
     store, owned = open_cache(cache)
     try:
-        stream_metrics(items(), scan.metrics, lambda tag, results: on_row(tag[0], results, tag[1]), judge=engine,
+        stream_metrics(items(), scan.metrics, report, judge=engine,
                        embeddings=embeddings, progress=progress, stats=stats,
                        show_progress=show_progress and progress is None, cache=store, long_inputs=long_inputs,
                        scoring=scoring, window=window)

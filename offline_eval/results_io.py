@@ -77,6 +77,13 @@ class ParquetOut:
         self.writer.close()
 
 
+META = ".meta.json"  # beside <output>.partial: what produced its rows
+
+
+def partial_path(output: Path) -> Path:
+    return output.with_name(output.name + ".partial")
+
+
 class ResultsStream:
     """A run's results file, written as the rows finish: each row's record, in row order, is appended to
     `<output>.partial` (JSONL, readable while the run goes on, and kept if the run stops) and, for a .parquet
@@ -86,7 +93,8 @@ class ResultsStream:
 
     def __init__(self, output: str | Path, metric_names: Sequence[str], parquet: Optional[bool] = None):
         self.output = Path(output)
-        self.path = self.output.with_name(self.output.name + ".partial")
+        self.path = partial_path(self.output)
+        self.meta = Path(f"{self.path}{META}")
         self.rows = 0
         parquet = self.output.suffix == ".parquet" if parquet is None else parquet
         self._tmp = self.output.with_name(self.output.name + ".tmp") if parquet else None
@@ -101,7 +109,12 @@ class ResultsStream:
         self._file.flush()  # each row readable (and kept) as soon as it is done
         self.rows += 1
 
+    def describe(self, identity: dict[str, Any]) -> None:
+        """Say beside the partial file what produces its rows (resume.run_identity), for a later --resume."""
+        self.meta.write_text(json.dumps(identity, sort_keys=True, default=str), encoding="utf-8")
+
     def finish(self) -> None:
+        self.meta.unlink(missing_ok=True)
         self._file.close()
         if self._parquet is not None:
             self._parquet.close()

@@ -5,6 +5,7 @@ in the window needs them; rows are read lazily and validated in one pass that ke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -136,3 +137,44 @@ def test_a_scan_counts_every_error_and_keeps_the_first(tmp_path):
     full = scan_rows(str(path))
     assert full.error_count == scan.error_count == len(full.errors)
     assert {m.name for m in scan.metrics} == {m.name for m in full.metrics}
+
+
+def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
+    from offline_eval.evaluation import row_record
+    from offline_eval.resume import FinishedRows, run_identity, set_aside
+    from offline_eval.results_io import ResultsStream
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    rows = list(iter_rows(data))
+    identity = run_identity({"model": "m"}, ["faithfulness"], "probability", "focus", data)
+
+    def interrupted(done: int) -> ResultsStream:
+        """A run that wrote `done` rows, then a line torn by a kill."""
+        stream = ResultsStream(tmp_path / "out.jsonl", ["faithfulness"])
+        stream.describe(identity)
+        for row in rows[:done]:
+            stream(row_record(row, {}))
+        stream.close()
+        with stream.path.open("a", encoding="utf-8") as f:
+            f.write('{"row": %d, "metr' % (done + 1))
+        return stream
+
+    stream = interrupted(3)
+    aside = set_aside(stream.path)
+    assert aside is not None and not stream.path.exists()
+    finished = FinishedRows(aside, identity)
+    assert [finished(r) is not None for r in rows] == [True, True, True, False, False]
+    assert finished.reused == 3
+    finished.done(written=3)  # the new run's partial file holds them again: the set-aside copy goes
+    assert not aside.exists()
+
+    # the data's second row changed since: the reuse ends there
+    changed = [rows[0], dataclasses.replace(rows[1], data={**rows[1].data, "response": "Another answer."})]
+    finished = FinishedRows(set_aside(interrupted(3).path), identity)
+    assert [finished(r) is not None for r in changed + rows[2:]] == [True, False, False, False, False]
+    # another judge's rows are never taken, and a shorter new partial file keeps the longer one aside
+    interrupted(1)
+    assert set_aside(stream.path) == aside and sum(1 for _ in aside.open()) == 4
+    other = FinishedRows(aside, {**identity, "judge": {"model": "other"}})
+    assert not other.same_run and [other(r) for r in rows] == [None] * len(rows)
