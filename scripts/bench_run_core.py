@@ -40,22 +40,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench_prefix_reuse import passages  # noqa: E402  (scripts/ is on the path: this script's folder)
 WICE = REPO.parent / "shared" / "benchmarks" / "wice" / "wice_dev_en.jsonl"
-
-
-def passages(text: str, low: int = 100, high: int = 200) -> list[str]:
-    """`text` cut at line ends into passages of `low` to `high` words (shorter lines are joined)."""
-    out, words = [], []
-    for line in text.splitlines():
-        line_words = line.split()
-        if words and len(words) + len(line_words) > high:
-            if len(words) >= low:
-                out.append(" ".join(words))
-            words = []
-        words += line_words[:high]
-    if len(words) >= low:
-        out.append(" ".join(words))
-    return out
 
 
 def base_rows(n: int) -> list[dict[str, Any]]:
