@@ -274,6 +274,8 @@ def test_cli_compare_on_ray_gives_each_judge_its_replicas_and_the_local_scores(t
 
     from shared_data import BEGIN as begin
 
+    if not begin.exists():
+        pytest.skip("the BEGIN dev file is not on this machine")
     gguf = Registry.load().get("smollm2-135m-instruct").weights_path()
     names = ["smollm2-135m-instruct", str(gguf)]  # the same weights twice: two judges, one after another
     env = {**os.environ, "OFFLINE_EVAL_THREADS": "1"}
