@@ -288,7 +288,7 @@ def score_rows(dataset: Any, scan: Scan, on_row: Callable[[Row, Optional[dict[st
         stream_metrics(items(), scan.metrics, report, judge=engine,
                        embeddings=embeddings, progress=progress, stats=stats,
                        show_progress=show_progress and progress is None, cache=store, long_inputs=long_inputs,
-                       scoring=scoring, window=window)
+                       scoring=scoring, window=window, total=scan.rows)
     finally:
         if owned:
             store.close()

@@ -48,6 +48,8 @@ class Progress:
 
     def advance(self, n: int) -> None: ...
 
+    def rows_done(self, n: int) -> None: ...  # n more samples reported (rows passed through included)
+
 
 @dataclass
 class Task:

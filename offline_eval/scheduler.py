@@ -85,6 +85,7 @@ def stream_metrics(
     pipeline: Optional[bool] = None,
     scoring: Optional[str] = None,
     window: Optional[int] = None,
+    total: Optional[int] = None,
 ) -> RunStats:
     """Score each `(tag, sample)` of `items` with every metric, reading `items` lazily, and call
     `on_sample(tag, {metric name: result})` for each in the order of `items` (a None sample passes through
@@ -96,7 +97,8 @@ def stream_metrics(
     ("focus", "focus:N", "truncate" or "error", see long_inputs.py). `pipeline`: run the plans pipelined (needs
     an engine with `session()`) or in waves; default: pipelined whenever the engine can. `scoring`
     ("probability" or "argmax", plan.py SCORINGS) decides every result's value; default: each metric's own
-    `scoring`. Returns the run's stats (`stats`, if given, is filled)."""
+    `scoring`. `total`: how many items there are, if known, for the progress bar's rows and their ETA.
+    Returns the run's stats (`stats`, if given, is filled)."""
     if scoring is not None:
         check_scoring(scoring)
     window = window or DEFAULT_WINDOW
@@ -117,12 +119,15 @@ def stream_metrics(
         tag, sample = item
         return SampleRun(tag, None if sample is None else _start(metrics, sample, engine, long_inputs, scoring))
 
+    bar = progress or Progress()
+
     def report(run: SampleRun) -> None:
         for task in run.tasks or ():
             _account(stats, task)
         on_sample(run.tag, run.results())
+        bar.rows_done(1)
 
-    def go(bar: Progress) -> None:
+    def go() -> None:
         started = time.perf_counter()
         try:
             if pipelined:  # measuring a sample's prompts asks the server: off the event loop
@@ -140,10 +145,10 @@ def stream_metrics(
     if progress is None and show_progress:
         from .progress import RichProgress
 
-        with RichProgress() as bar:
-            go(bar)
+        with RichProgress(rows=total) as bar:
+            go()
     else:
-        go(progress or Progress())
+        go()
     return stats
 
 

@@ -178,3 +178,19 @@ def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
     assert set_aside(stream.path) == aside and sum(1 for _ in aside.open()) == 4
     other = FinishedRows(aside, {**identity, "judge": {"model": "other"}})
     assert not other.same_run and [other(r) for r in rows] == [None] * len(rows)
+
+
+@pytest.mark.parametrize("strategy", ["waves", "pipelined"])
+def test_progress_counts_each_row_as_it_is_reported(strategy):
+    from offline_eval.run_state import Progress
+
+    class Rows(Progress):
+        done: list[int] = []
+
+        def rows_done(self, n):
+            self.done.append(len(reported))  # after the row's report
+
+    reported: list = []
+    stream_metrics(((i, None if i == 2 else s) for i, s in enumerate(SAMPLES)), [Faithfulness()],
+                   lambda i, res: reported.append(i), judge=judges()[strategy], progress=Rows(), window=3)
+    assert Rows.done == list(range(1, len(SAMPLES) + 1))  # one per row, a passed-through row included
