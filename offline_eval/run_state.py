@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # only for hints: metrics.base imports the run core
 class RunStats:
     judge_calls: int = 0  # unique requests sent to the engine
     cached: int = 0  # unique requests answered by the persistent cache
-    deduplicated: int = 0  # requests answered by an identical one in the same wave (pipelined: run)
+    deduplicated: int = 0  # requests answered by an identical one asked in the same window
     prompt_tokens: int = 0  # tokens of the requests sent to the engine (cached calls cost nothing)
     reused_prompt_tokens: int = 0  # of those, the ones the engine took from its prefix cache, not computed
     completion_tokens: int = 0
