@@ -214,8 +214,8 @@ def run(
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
         summary = RunSummary([m.name for m in chosen])
-        identity = run_identity(resolve_judge(judge).identity, [m.name for m in chosen], scoring, long_inputs,
-                                data)
+        identity = run_identity(resolve_judge(judge).identity, chosen, scoring, long_inputs, data,
+                                embeddings if embedder is not None else None)
         results.describe(identity)
         if aside is not None:
             finished = FinishedRows(aside, identity)

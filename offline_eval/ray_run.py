@@ -90,12 +90,6 @@ def part_name(run: str, rows: Sequence[int], digests: Sequence[str]) -> str:
 
 # ---- what identifies a run ---------------------------------------------------------------------------
 
-def metric_config(metric: Metric) -> dict[str, Any]:
-    """A metric's name, class and settings (strictness, language, rubrics, ...), without its models."""
-    settings = {k: v for k, v in vars(metric).items() if k not in ("llm", "embeddings")}
-    return {"class": type(metric).__name__, **json.loads(json.dumps(settings, sort_keys=True, default=str))}
-
-
 def judge_key(model: Any, options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """What names the judge in the run fingerprint: the models.yaml entry's weights and settings (and the
     engine `options` given on top), or a factory's `identity` (tests, custom engines)."""
@@ -117,7 +111,7 @@ def run_fingerprint(model: Any, metrics: Sequence[Metric], embeddings: Optional[
                     options: Optional[dict[str, Any]] = None) -> str:
     from . import __version__
 
-    doc = {"judge": judge_key(model, options), "metrics": [metric_config(m) for m in metrics], "embeddings": embeddings,
+    doc = {"judge": judge_key(model, options), "metrics": [m.config() for m in metrics], "embeddings": embeddings,
            "long_inputs": long_inputs, "offline_eval": __version__}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -18,16 +18,22 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .dataset import FIELDS, Row
+from .metrics.base import Metric
 from .results_io import META
 
 ASIDE = ".resume"
 
 
-def run_identity(judge: dict[str, Any], metric_names: Sequence[str], scoring: str, long_inputs: str,
-                 data: Path) -> dict[str, Any]:
-    """What must be the same for an earlier run's records to stand for this run's."""
-    return {"judge": judge, "metrics": list(metric_names), "scoring": scoring, "long_inputs": long_inputs,
-            "data": str(Path(data).resolve())}
+def run_identity(judge: dict[str, Any], metrics: Sequence[Metric], scoring: str, long_inputs: str,
+                 data: Path, embeddings: Optional[str] = None) -> dict[str, Any]:
+    """What must be the same for an earlier run's records to stand for this run's: the judge, each metric's
+    settings, the scoring, the long-input policy, the embeddings, the data file, and the package version
+    (its prompts: the judge cache tells prompt changes apart, records copied from a partial file do not)."""
+    from . import __version__
+
+    return {"judge": judge, "metrics": [m.config() for m in metrics], "scoring": scoring,
+            "long_inputs": long_inputs, "embeddings": embeddings, "data": str(Path(data).resolve()),
+            "offline_eval": __version__}
 
 
 def _lines(path: Path) -> int:

@@ -12,6 +12,7 @@ The public methods (`score`, `ascore`, `batch_score`, `single_turn_ascore`) mirr
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Iterable, Optional, Sequence
 
 from ..constraints import Choice, Constraint
@@ -120,6 +121,12 @@ class Metric:
         if language not in ("auto", *PROMPT_LANGUAGES, *LANGUAGE_NAMES):
             raise ValueError(f"language must be one of auto, {', '.join([*PROMPT_LANGUAGES, *LANGUAGE_NAMES])}")
         self.language = language
+
+    def config(self) -> dict[str, Any]:
+        """The metric's class and settings (name, scoring, language, strictness, rubrics, ...) without its
+        models, as plain JSON: what identifies its results in a resumed or scaled-out run."""
+        settings = {k: v for k, v in vars(self).items() if k not in ("llm", "embeddings")}
+        return {"class": type(self).__name__, **json.loads(json.dumps(settings, sort_keys=True, default=str))}
 
     # ---- what subclasses implement -------------------------------------------------------------------
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
