@@ -88,7 +88,7 @@ def run(
     server: str = typer.Option("auto", "--server", help="vLLM server models: auto (use the model's base_url if it answers, else start a server for the run), connect (only use a running one), start (always start one for the run)."),
     cache: Optional[Path] = CACHE_PATH,
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the judge-call cache."),
-    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: reuse its cached judge calls (any rerun with the cache on does); the old output stays until the new one is complete."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run: take the rows it finished from <output>.partial (same judge, metrics, data and settings) and the rest's judge calls from the cache; the old output stays until the new one is complete."),
     long_inputs: str = typer.Option("focus", "--long-inputs", help=f"Long retrieved contexts: focus (default; a sample whose contexts exceed {DEFAULT_BUDGET} tokens gets their passages most relevant to its question, response and reference; focus:N sets the budget), then truncate what is still too long for the judge's window; truncate (whole contexts, cut from the end only to fit the window; warn per row); error (no value for a row and metric that does not fit)."),
     fail_under: Optional[str] = typer.Option(None, "--fail-under", help="CI gate: exit 1 if a metric's mean is below its bar, e.g. faithfulness=0.9,answer_relevancy=0.8."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="CI gate: a previous run's --summary-json file or per-sample results; exit 1 if a metric's mean dropped by more than --max-drop."),
