@@ -214,14 +214,14 @@ def run(
         judge = llm_factory(model, engine=engine, server=server, **fleet)
         embedder = embedding_factory(embeddings) if any(m.needs_embeddings for m in chosen) else None
         summary = RunSummary([m.name for m in chosen])
-        identity = run_identity(resolve_judge(judge).identity, chosen, scoring, long_inputs, data,
+        identity = run_identity(resolve_judge(judge).identity, chosen, long_inputs, data,
                                 embeddings if embedder is not None else None)
         results.describe(identity)
         if aside is not None:
             finished = FinishedRows(aside, identity)
             if not finished.same_run:
-                err.print(f"{aside} was written by another judge, metrics, scoring or data: every row is scored "
-                          "again (the cache answers what it holds)", highlight=False)
+                err.print(f"{aside} was written with another {', '.join(finished.changed)}: every row is "
+                          "scored again (the cache answers what it holds)", highlight=False)
 
         def write(row, row_results, row_errors) -> None:
             record = row_record(row, row_results, [str(e) for e in row_errors] or None)

@@ -22,18 +22,21 @@ from .metrics.base import Metric
 from .results_io import META
 
 ASIDE = ".resume"
+# each field of a run's identity as a message names it
+IDENTITY_FIELDS = {"judge": "judge", "metrics": "metric settings", "long_inputs": "long-input policy",
+                   "embeddings": "embeddings", "data": "data file", "offline_eval": "offline-eval version"}
 
 
-def run_identity(judge: dict[str, Any], metrics: Sequence[Metric], scoring: str, long_inputs: str,
-                 data: Path, embeddings: Optional[str] = None) -> dict[str, Any]:
+def run_identity(judge: dict[str, Any], metrics: Sequence[Metric], long_inputs: str, data: Path,
+                 embeddings: Optional[str] = None) -> dict[str, Any]:
     """What must be the same for an earlier run's records to stand for this run's: the judge, each metric's
-    settings, the scoring, the long-input policy, the embeddings, the data file, and the package version
-    (its prompts: the judge cache tells prompt changes apart, records copied from a partial file do not)."""
+    settings (its scoring among them), the long-input policy, the embeddings, the data file, and the package
+    version (its prompts: the judge cache tells prompt changes apart, records copied from a partial file do
+    not)."""
     from . import __version__
 
-    return {"judge": judge, "metrics": [m.config() for m in metrics], "scoring": scoring,
-            "long_inputs": long_inputs, "embeddings": embeddings, "data": str(Path(data).resolve()),
-            "offline_eval": __version__}
+    return {"judge": judge, "metrics": [m.config() for m in metrics], "long_inputs": long_inputs,
+            "embeddings": embeddings, "data": str(Path(data).resolve()), "offline_eval": __version__}
 
 
 def _lines(path: Path) -> int:
@@ -58,7 +61,8 @@ def set_aside(partial: Path) -> Optional[Path]:
 
 class FinishedRows:
     """The set-aside records, handed out row by row: `self(row)` is the earlier record of `row` while the
-    records and the rows agree, else None (from then on, always None)."""
+    records and the rows agree, else None (from then on, always None). `changed` names what differs from
+    this run's identity when it is not the same run."""
 
     def __init__(self, aside: Path, identity: dict[str, Any]):
         self.path = aside
@@ -68,7 +72,11 @@ class FinishedRows:
             before = json.loads(meta.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             before = None
-        self.same_run = before == json.loads(json.dumps(identity, sort_keys=True, default=str))
+        now = json.loads(json.dumps(identity, sort_keys=True, default=str))
+        self.same_run = before == now
+        # what differs, for the message: the fields of the identity, or all of it when unreadable
+        self.changed = ([IDENTITY_FIELDS.get(k, k) for k in now if before.get(k) != now[k]]
+                        if isinstance(before, dict) else ["identity (its description is missing or unreadable)"])
         self._file = aside.open(encoding="utf-8") if self.same_run else None
 
     def __call__(self, row: Row) -> Optional[dict[str, Any]]:

@@ -147,7 +147,7 @@ def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
     rows = list(iter_rows(data))
-    identity = run_identity({"model": "m"}, [Faithfulness()], "probability", "focus", data)
+    identity = run_identity({"model": "m"}, [Faithfulness()], "focus", data)
 
     def interrupted(done: int) -> ResultsStream:
         """A run that wrote `done` rows, then a line torn by a kill."""
@@ -178,9 +178,12 @@ def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
     assert set_aside(stream.path) == aside and sum(1 for _ in aside.open()) == 4
     other = FinishedRows(aside, {**identity, "judge": {"model": "other"}})
     assert not other.same_run and [other(r) for r in rows] == [None] * len(rows)
-    # nor those of the same metric with other settings
-    stricter = run_identity({"model": "m"}, [Faithfulness(language="en")], "probability", "focus", data)
-    assert stricter != identity and not FinishedRows(aside, stricter).same_run
+    assert other.changed == ["judge"]  # the message names what differs
+    # nor those of the same metric with other settings: another prompt language, or the other scoring
+    for settings in ({"language": "en"}, {"scoring": "argmax"}):
+        changed_metric = run_identity({"model": "m"}, [Faithfulness(**settings)], "focus", data)
+        assert changed_metric != identity and not FinishedRows(aside, changed_metric).same_run
+        assert FinishedRows(aside, changed_metric).changed == ["metric settings"]
 
 
 @pytest.mark.parametrize("strategy", ["waves", "pipelined"])
