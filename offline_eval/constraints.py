@@ -20,6 +20,17 @@ from typing import Any, Callable, Iterable, Optional, Union
 # A string character: anything but a quote, a backslash or a control character. Excluding escapes keeps
 # the worst case at 4 UTF-8 bytes per character and keeps JSON strings single-line.
 _STRING_CHAR = r'[^"\\\x7F\x00-\x1F]'
+# What a judge is shown of a text it must copy into such strings (claims, questions): a double quote would
+# end the string where the text goes on (the judge then has to write on after a closed string, and small
+# judges wrote claims like ']}```{'), so quotes are shown as single quotes and backslashes as slashes. The
+# meaning survives, and a claim is still checked against the untouched contexts.
+_UNCOPYABLE = str.maketrans({'"': "'", "\\": "/"})
+
+
+def copyable(text: str) -> str:
+    """`text` as it can be copied into a constrained JSON string: double quotes as single quotes,
+    backslashes as slashes."""
+    return text.translate(_UNCOPYABLE)
 
 
 class ConstraintViolation(ValueError):

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from offline_eval.constraints import Choice, ConstraintViolation, JsonSchema, array, enum, obj, string
+from offline_eval.constraints import Choice, ConstraintViolation, JsonSchema, array, copyable, enum, obj, string
 from offline_eval.metrics.answer_relevancy import questions_schema
-from offline_eval.metrics.claims import CLAIMS
+from offline_eval.metrics.claims import CLAIMS, extract_claims
 from offline_eval.metrics.rubrics import SCORE
 
 WIDE = "😀"  # 4 UTF-8 bytes: the widest character a string may hold
@@ -156,3 +156,13 @@ def test_json_parse_rejects_invalid_output(constraint, text):
 def test_unbounded_or_unsupported_schemas_are_refused(schema, problem):
     with pytest.raises(ValueError, match=problem):
         JsonSchema.of(schema)
+
+
+def test_texts_a_judge_copies_into_json_strings_are_shown_without_quotes_or_backslashes():
+    """A claim cannot hold a double quote (no escapes in the string grammar), so the text it is copied from
+    shows none: a quoted title stays quoted, in single quotes, and the claim can copy it whole."""
+    assert copyable('the word "ski" came from Norway; C:\\skis') == "the word 'ski' came from Norway; C:/skis"
+    assert copyable("北京是“首都”。") == "北京是“首都”。"  # allowed characters are left alone
+    prompt = extract_claims('Its third album, "Emotive", came out in 2004.', 'Was "Emotive" a hit?', "en").chat()
+    shown = prompt[-1]["content"]
+    assert "'Emotive'" in shown and '"' not in shown

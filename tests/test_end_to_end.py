@@ -107,6 +107,26 @@ def test_chinese_end_to_end_with_the_default_judge(qwen, minilm):
     assert 0 < relevancy.value <= 1
 
 
+@pytest.mark.parametrize("response, quoted", [
+    ('He appeared in the 2016 Grammy-nominated documentary film about DJ Steve Aoki, titled "I\'ll Sleep When '
+     'I\'m Dead".', "Sleep When"),
+    ('the word "ski" is one of a handful of words norway has exported', "ski"),
+])
+def test_a_quoted_title_is_copied_into_claims_whole_by_the_default_judge(qwen, response, quoted):
+    """A double quote cannot appear in a constrained claim. Shown the quotes as they were, the default judge
+    closed the claim at the quote and wrote on after it (claims 'The word ', ']}```{' for the second text; the
+    first one's single claim ended at "titled "); shown single quotes, it copies each claim from the text."""
+    from offline_eval.metrics.claims import claims_of, extract_claims
+
+    (out,) = qwen.generate([extract_claims(response, None, "en")])
+    claims = claims_of(out)
+    assert claims and any(quoted in c for c in claims), claims
+    words = set(re.findall(r"\w+", response.lower()))
+    for claim in claims:  # every claim is a sentence made of the text's words, not a JSON fragment
+        said = re.findall(r"\w+", claim.lower())
+        assert len(said) >= 3 and sum(w in words for w in said) >= 0.8 * len(said), claims
+
+
 def test_offline_eval_threads_bounds_the_embeddings_threads_too():
     import subprocess
     import sys

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..constraints import JsonSchema, array, enum, obj, string
+from ..constraints import JsonSchema, array, copyable, enum, obj, string
 from ..dataset import SingleTurnSample
 from ..plan import Embed
 from .base import Metric, MetricResult, Plan, request
@@ -82,7 +82,7 @@ class AnswerRelevancy(Metric):
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
         schema = questions_schema(self.strictness)
         task = _PROMPT[lang].format(n=self.strictness)
-        (out,) = yield [request(lang, task, _USER[lang].format(a=sample.response), schema, "questions")]
+        (out,) = yield [request(lang, task, _USER[lang].format(a=copyable(sample.response)), schema, "questions")]
         if out.value is None:
             return MetricResult(None, f"question generation failed: {out.meta.get('error')}")
         items = out.value["questions"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..constraints import JsonSchema, array, obj, string
+from ..constraints import JsonSchema, array, copyable, obj, string
 from ..engines.base import JudgeOutput, JudgeRequest
 from .base import YES_NO, MetricResult, Plan, mean_of_valid, p_yes, request, verdict
 
@@ -60,7 +60,7 @@ _CHECK_ITEM = {
 def extract_claims(text: str, question: Optional[str], lang: str, tag: str = "claims") -> JudgeRequest:
     q = {"en": "Question", "zh": "问题"}[lang]
     t = {"en": "Text", "zh": "文本"}[lang]
-    user = (f"{q}: {question}\n" if question else "") + f"{t}: {text}"
+    user = (f"{q}: {copyable(question)}\n" if question else "") + f"{t}: {copyable(text)}"
     return request(lang, _EXTRACT[lang], user, CLAIMS, tag)
 
 
