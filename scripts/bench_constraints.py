@@ -87,7 +87,7 @@ def workloads() -> list[tuple[str, typing.Any, list[list[dict[str, str]]]]]:
         plan = ContextRelevance().plan(SingleTurnSample(user_input=question, retrieved_contexts=[context]), lang)
         rating.append(next(plan)[0].chat())  # judge 1 of the dual judge
     yes_no = [check_claim(claim, [source], lang).chat() for claim, source, lang in VERIFY]
-    claims = [extract_claims(text, question, lang).chat() for text, question, lang in EXTRACT]
+    claims = [extract_claims(text, lang).chat() for text, _question, lang in EXTRACT]
     return [("rating 0/1/2", RATING, rating), ("yes/no", YES_NO, yes_no), ("claims json", CLAIMS, claims)]
 
 

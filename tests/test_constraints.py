@@ -163,6 +163,6 @@ def test_texts_a_judge_copies_into_json_strings_are_shown_without_quotes_or_back
     shows none: a quoted title stays quoted, in single quotes, and the claim can copy it whole."""
     assert copyable('the word "ski" came from Norway; C:\\skis') == "the word 'ski' came from Norway; C:/skis"
     assert copyable("北京是“首都”。") == "北京是“首都”。"  # allowed characters are left alone
-    prompt = extract_claims('Its third album, "Emotive", came out in 2004.', 'Was "Emotive" a hit?', "en").chat()
+    prompt = extract_claims('Its third album, "Emotive", came out in 2004.', "en").chat()
     shown = prompt[-1]["content"]
     assert "'Emotive'" in shown and '"' not in shown

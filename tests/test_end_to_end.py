@@ -118,7 +118,7 @@ def test_a_quoted_title_is_copied_into_claims_whole_by_the_default_judge(qwen, r
     first one's single claim ended at "titled "); shown single quotes, it copies each claim from the text."""
     from offline_eval.metrics.claims import claims_of, extract_claims
 
-    (out,) = qwen.generate([extract_claims(response, None, "en")])
+    (out,) = qwen.generate([extract_claims(response, "en")])
     claims = claims_of(out)
     assert claims and any(quoted in c for c in claims), claims
     words = set(re.findall(r"\w+", response.lower()))

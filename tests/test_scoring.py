@@ -435,3 +435,19 @@ def test_japanese_and_korean_get_english_prompts_that_ask_for_their_language(met
     forced = requests_of(metric_cls, EINSTEIN, language="ja")  # an English input, forced to Japanese
     assert {r.tag for r in forced if user_text(r).endswith(hint.replace(name, "Japanese"))} == {
         r.tag for r in requests if user_text(r).endswith(hint)}
+
+
+@pytest.mark.parametrize("metric", [Faithfulness(), ContextRecall(), AnswerCorrectness(weights=(1, 0))])
+def test_claims_are_taken_from_the_text_alone_never_from_the_question(metric):
+    """The question never reaches claim extraction: shown it, the default judge took claims from it."""
+    from offline_eval.dataset import SingleTurnSample
+
+    sample = SingleTurnSample(user_input="Was Marie Curie born in Warsaw in 1867?",
+                              response="She won two Nobel Prizes.", reference="Marie Curie won two Nobel Prizes.",
+                              retrieved_contexts=["Marie Curie won the Nobel Prize in 1903 and in 1911."])
+    first_stage = next(metric.plan(sample, "en"))
+    extractions = [r for r in first_stage if "claims" in r.tag]
+    assert extractions
+    for request in extractions:
+        shown = "\n".join(m["content"] for m in request.chat())
+        assert "Warsaw" not in shown and ("She won two Nobel Prizes." in shown or "Marie Curie won two" in shown)

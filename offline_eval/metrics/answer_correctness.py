@@ -58,9 +58,8 @@ class AnswerCorrectness(Metric):
         self.needs_embeddings = self.weights[1] > 0
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
-        q = sample.user_input
-        out_r, out_g = yield [extract_claims(sample.response, q, lang),
-                              extract_claims(sample.reference, q, lang, "reference_claims")]
+        out_r, out_g = yield [extract_claims(sample.response, lang),
+                              extract_claims(sample.reference, lang, "reference_claims")]
         answer, truth = claims_of(out_r), claims_of(out_g)
         if answer is None or truth is None:
             failed = out_r if answer is None else out_g

@@ -18,8 +18,8 @@ class ContextRecall(Metric):
     constraints = (CLAIMS, YES_NO)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
-        return (yield from claims_supported_by(sample.reference, sample.user_input, sample.retrieved_contexts,
-                                               lang, "reference", tag="reference_claims"))
+        return (yield from claims_supported_by(sample.reference, sample.retrieved_contexts, lang, "reference",
+                                               tag="reference_claims"))
 
     def context_probes(self, sample: SingleTurnSample, lang: str):
         return [longest_check(sample.reference, sample.retrieved_contexts, lang)]

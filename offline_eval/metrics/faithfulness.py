@@ -18,8 +18,7 @@ class Faithfulness(Metric):
     constraints = (CLAIMS, YES_NO)
 
     def plan(self, sample: SingleTurnSample, lang: str) -> Plan:
-        return (yield from claims_supported_by(sample.response, sample.user_input, sample.retrieved_contexts,
-                                               lang, "response"))
+        return (yield from claims_supported_by(sample.response, sample.retrieved_contexts, lang, "response"))
 
     def context_probes(self, sample: SingleTurnSample, lang: str):
         return [longest_check(sample.response, sample.retrieved_contexts, lang)]
