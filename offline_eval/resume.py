@@ -74,8 +74,9 @@ class FinishedRows:
             before = None
         now = json.loads(json.dumps(identity, sort_keys=True, default=str))
         self.same_run = before == now
-        # what differs, for the message: the fields of the identity, or all of it when unreadable
-        self.changed = ([IDENTITY_FIELDS.get(k, k) for k in now if before.get(k) != now[k]]
+        # what differs, for the message: the fields either description has (an older release's may hold
+        # fields this one dropped), or all of it when unreadable
+        self.changed = ([IDENTITY_FIELDS.get(k, k) for k in {**before, **now} if before.get(k) != now.get(k)]
                         if isinstance(before, dict) else ["identity (its description is missing or unreadable)"])
         self._file = aside.open(encoding="utf-8") if self.same_run else None
 

@@ -184,6 +184,12 @@ def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
         changed_metric = run_identity({"model": "m"}, [Faithfulness(**settings)], "focus", data)
         assert changed_metric != identity and not FinishedRows(aside, changed_metric).same_run
         assert FinishedRows(aside, changed_metric).changed == ["metric settings"]
+    # a description with a field this release dropped (the separate "scoring" before 2026-12-07) is named too
+    from offline_eval.results_io import META
+
+    meta = aside.with_name(aside.name + META)
+    meta.write_text(json.dumps({**json.loads(meta.read_text(encoding="utf-8")), "scoring": "probability"}))
+    assert FinishedRows(aside, identity).changed == ["scoring"]
 
 
 @pytest.mark.parametrize("strategy", ["waves", "pipelined"])
