@@ -71,12 +71,11 @@ VERIFY = [  # (claim, source, lang)
     ("Jane Austen wrote Emma in 1850.", "Emma is a novel by Jane Austen, first published in 1815.", "en"),
     ("北京是中国的首都。", "北京是中华人民共和国的首都，也是全国的政治和文化中心。", "zh"),
 ]
-EXTRACT = [  # (text, question, lang)
+EXTRACT = [  # (text, lang)
     ("Marie Curie was a physicist and chemist. She won the Nobel Prize in Physics in 1903 and in Chemistry in 1911.",
-     "Who was Marie Curie?", "en"),
-    ("Python was created by Guido van Rossum and first released in 1991. It emphasises readable code.",
-     "Tell me about Python.", "en"),
-    ("上海位于长江入海口，是中国最大的城市之一，常住人口约2500万。", "介绍一下上海。", "zh"),
+     "en"),
+    ("Python was created by Guido van Rossum and first released in 1991. It emphasises readable code.", "en"),
+    ("上海位于长江入海口，是中国最大的城市之一，常住人口约2500万。", "zh"),
 ]
 
 
@@ -87,7 +86,7 @@ def workloads() -> list[tuple[str, typing.Any, list[list[dict[str, str]]]]]:
         plan = ContextRelevance().plan(SingleTurnSample(user_input=question, retrieved_contexts=[context]), lang)
         rating.append(next(plan)[0].chat())  # judge 1 of the dual judge
     yes_no = [check_claim(claim, [source], lang).chat() for claim, source, lang in VERIFY]
-    claims = [extract_claims(text, lang).chat() for text, _question, lang in EXTRACT]
+    claims = [extract_claims(text, lang).chat() for text, lang in EXTRACT]
     return [("rating 0/1/2", RATING, rating), ("yes/no", YES_NO, yes_no), ("claims json", CLAIMS, claims)]
 
 
