@@ -103,7 +103,7 @@ def run(
     replica_gpus: Optional[float] = REPLICA_GPUS,
     block_rows: int = BLOCK_ROWS,
     window: int = typer.Option(DEFAULT_WINDOW, "--window", min=1, help="The most samples in flight at once: rows are read, judged and written as the run goes, so memory holds this many samples whatever the data's size. Identical judge calls within the window are sent once."),
-    scoring: str = typer.Option(DEFAULT_SCORING, "--scoring", help="How a metric's value comes from its constrained judge answers: probability (from the judge's probability of each allowed answer: P(top rating), mean P(yes) over claims) or argmax (the answers alone, as Ragas). Every result records both."),
+    scoring: str = typer.Option(DEFAULT_SCORING, "--scoring", help="How a metric's value comes from its constrained judge answers: probability (from the judge's probability of each allowed answer: P(top rating) of the two templates combined, mean P(yes) over claims) or argmax (the answers alone, as Ragas). Every result records both."),
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path

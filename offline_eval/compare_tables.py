@@ -87,7 +87,8 @@ def scoring_table(analysis: dict[str, Any]) -> Optional[Table]:
                              f"{num(means['positive'], 2)} / {num(means['negative'], 2)}"])
     if not rows:
         return None
-    note = ("probability: from the judge's probability of each allowed answer (P(top rating), mean P(yes)); "
+    note = ("probability: from the judge's probability of each allowed answer (P(top rating) of the templates "
+            "combined, mean P(yes)); "
             "argmax: from the answers alone (Ragas). kappa and balanced accuracy at the threshold of the agreement "
             "tables; ECE: expected calibration error over 10 score bins (0 = a score of 0.7 means 70% positive)")
     return Table("scorings side by side", ["metric", "judge", "scoring", "ROC-AUC", "kappa", "balanced acc.",

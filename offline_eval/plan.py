@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # only for hints: metrics.base imports the run core, which im
 
 
 # How a metric turns constrained answers into a value:
-#   probability  from the judge's probability of each option (P(top rating), mean P(yes) over claims)
+#   probability  from the judge's probability of each option (P(top rating) of the two templates combined,
+#                mean P(yes) over claims)
 #   argmax       from the answers themselves (rating / scale, share of "yes"): Ragas' semantics
 # JSON answers (claims, questions, rubric grades) have no such distribution: both scorings use them as given.
 SCORINGS = ("probability", "argmax")

@@ -102,12 +102,25 @@ def test_both_scorings_in_every_result_and_the_switch_picks_the_value():
     (argmax,) = run_metrics([_sample()], metrics, judge=judge, scoring="argmax")
     assert prob["faithfulness"].scores == pytest.approx({"probability": 0.55, "argmax": 0.5})
     assert prob["faithfulness"].value == pytest.approx(0.55) and argmax["faithfulness"].value == 0.5
-    p_top = (0.6 + 0.2) / 2  # the two templates' probability of "2" (fully grounded)
+    # P("2", fully grounded) of the two templates' distributions combined: products 0, 0.24, 0.12
+    p_top = 0.6 * 0.2 / (0.1 * 0.0 + 0.3 * 0.8 + 0.6 * 0.2)
     assert prob["response_groundedness"].scores == pytest.approx({"probability": p_top, "argmax": 0.75})
     assert argmax["response_groundedness"].value == 0.75
     # Each judge call's record carries its distribution.
     calls = prob["faithfulness"].judge_calls
     assert calls[1]["probabilities"] == {"yes": 0.9, "no": 0.1} and "probabilities" not in calls[0]
+
+
+def test_two_templates_that_lean_the_same_way_say_so_more_firmly_together():
+    """Product of experts: two templates each at P(2) = 0.5 give a joint P(2) above either; a template sure of
+    "2" against one sure of "0" falls back to the mean of their P(2)."""
+    lean = {"0": 0.3, "1": 0.2, "2": 0.5}
+    judge = _judge([], {"judge1": lean, "judge2": lean})
+    (res,) = run_metrics([_sample()], [ResponseGroundedness(llm=judge)], judge=judge)
+    assert res["response_groundedness"].scores["probability"] == pytest.approx(0.25 / (0.09 + 0.04 + 0.25))
+    judge = _judge([], {"judge1": {"0": 0.0, "1": 0.0, "2": 1.0}, "judge2": {"0": 1.0, "1": 0.0, "2": 0.0}})
+    (res,) = run_metrics([_sample()], [ResponseGroundedness(llm=judge)], judge=judge)
+    assert res["response_groundedness"].scores["probability"] == pytest.approx(0.5)
 
 
 def test_metric_level_scoring_and_bad_names():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any, Iterable, Optional, Sequence
 
 from ..constraints import Choice, Constraint
@@ -83,6 +84,26 @@ def top_rating_probability(output: JudgeOutput, scale: float) -> Optional[float]
     if output.probabilities:
         return output.probabilities[top]
     return float(output.value == top)
+
+
+def joint_top_probability(outputs: Sequence[JudgeOutput], scale: float) -> Optional[float]:
+    """P(top rating) with the templates' distributions combined as a product of experts: each template is
+    evidence about the same rating, so P(r) is proportional to the product of the templates' P(r). Where both
+    lean to the top rating the joint says so more firmly; where they disagree it stays low. Chosen over the
+    mean of the templates' P(top) on BEGIN dev, the tuning set (response groundedness: ROC-AUC 0.945 vs 0.943,
+    kappa at 0.5 0.65 vs 0.30; README, "How well the default judge agrees with people"). Where a call gave no
+    distribution, or the templates are certain of different ratings, it is the mean of their P(top); None if
+    every call failed."""
+    valid = [o for o in outputs if o.value is not None]
+    if not valid:
+        return None
+    mean = mean_of_valid(top_rating_probability(o, scale) for o in valid)
+    if not all(o.probabilities for o in valid):
+        return mean
+    options = valid[0].probabilities.keys()
+    joint = {k: math.prod(o.probabilities.get(k, 0.0) for o in valid) for k in options}
+    total = sum(joint.values())
+    return joint[str(int(scale))] / total if total > 0 else mean
 
 
 def verdict(output: JudgeOutput) -> Optional[bool]:
@@ -178,10 +199,11 @@ class Metric:
 
 def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: dict[str, str]) -> Plan:
     """The NVIDIA-style dual judge: two templates rate the same sample; each rating is scaled to [0, 1]
-    and the score is the mean of the valid ones (if only one is valid, that one)."""
+    and the score is the mean of the valid ones (if only one is valid, that one). The probability scoring is
+    P(top rating) of the two templates' distributions combined (`joint_top_probability`)."""
     outputs = yield [first, second]
     score = mean_of_valid(rating(o, scale) for o in outputs)
-    p_top = mean_of_valid(top_rating_probability(o, scale) for o in outputs)
+    p_top = joint_top_probability(outputs, scale)
     raw = [o.value for o in outputs]
     said = [f"judge {i}: {labels[r]}" for i, r in enumerate(raw, 1) if r is not None]
     reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}); " + "; ".join(said or ["no valid rating"])
