@@ -7,8 +7,14 @@ focused row runs in tests/test_long_inputs.py.
 
 from __future__ import annotations
 
+import math
+import random
+import re
+from collections import Counter
+
 from offline_eval import evaluate
-from offline_eval.context_focus import (DEFAULT_BUDGET, GAP, estimated_tokens, focus_contexts, split_passages,
+from offline_eval.context_focus import (_STOPWORDS, BM25_B, BM25_K1, DEFAULT_BUDGET, GAP, PASSAGE_BYTES, _terms,
+                                        bm25_scores, estimated_tokens, focus_contexts, split_passages,
                                         split_sentences)
 from offline_eval.long_inputs import parse_policy
 from scripted import ScriptedJudge, user_text
@@ -70,6 +76,73 @@ def test_the_focus_is_deterministic_and_passages_cover_the_text():
     for text in (context, "第一句。第二句！\n\n第三句", "word " * 2000 + "字" * 2000 + " end"):
         assert "".join(split_passages(text)) == "".join(split_sentences(text)) == text
         assert all(len(p.encode()) <= 400 for p in split_passages(text))
+
+
+
+# The splitting, terms and scoring are written for speed (they are the hot loop of a cached run); these plain
+# versions say what they compute, and the fast ones must agree with them exactly.
+def plain_sentences(text: str) -> list[str]:
+    return [m.group() for m in re.finditer(r"[^\n]*?(?:[.!?;]\s+|[。！？；]\s*|\n+|$)", text) if m.group()]
+
+
+def plain_packed(units: list[str]) -> list[str]:
+    runs, current = [], ""
+    for unit in units:
+        if current and len((current + unit).encode()) > PASSAGE_BYTES:
+            runs, current = runs + [current], ""
+        current += unit
+    return runs + ([current] if current else [])
+
+
+def plain_passages(text: str) -> list[str]:
+    def pieces(sentence: str) -> list[str]:
+        if len(sentence.encode()) <= PASSAGE_BYTES:
+            return [sentence]
+        return plain_packed([c for w in re.findall(r"\S+\s*|\s+", sentence)
+                             for c in (list(w) if len(w.encode()) > PASSAGE_BYTES else [w])])
+    return plain_packed([p for s in plain_sentences(text) for p in pieces(s)])
+
+
+def plain_terms(text: str) -> Counter:
+    found = []
+    for cjk, word in re.findall(r"([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\u3005-\u3007]+)"
+                                r"|([^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\u3005-\u3007]+)",
+                                text.lower()):
+        if cjk:
+            found += [cjk[i:i + 2] for i in range(max(1, len(cjk) - 1))]
+        elif word not in _STOPWORDS:
+            found.append(word[:-1] if len(word) > 3 and word[-1] == "s" and word[-2] != "s" else word)
+    return Counter(found)
+
+
+def plain_bm25(docs: list[Counter], query: Counter) -> list[float]:
+    lengths = [sum(d.values()) for d in docs]
+    mean = sum(lengths) / len(docs)
+    df = Counter(t for d in docs for t in d)
+    idf = {t: math.log(1 + (len(docs) - k + 0.5) / (k + 0.5)) for t, k in df.items()}
+    return [sum(idf[t] * d[t] * (BM25_K1 + 1) / (d[t] + BM25_K1 * (1 - BM25_B + BM25_B * n / mean))
+                for t in query if t in d) for d, n in zip(docs, lengths)]
+
+
+def mixed_texts(n: int) -> list[str]:
+    """Texts with every kind of sentence end, decimals, long sentences and words, Chinese, accents, newlines."""
+    rng = random.Random(7)
+    bits = ["The bridge was rebuilt.", "Pi is 3.14 here", "Why? ", "Yes! ", "a;b; c", "长江大桥于二〇一八年重建。",
+            "第二句！", "Ulm\n", "\n\n", "Café Müller's ", "x" * 450, "word " * 120, "字" * 300, "tail.",
+            " ", "Dr. Smith; ", "(see [1]) ", "end…", "Glass bridges cross rivers."]
+    return [" ".join(rng.choice(bits) for _ in range(rng.randint(0, 40))) for _ in range(n)]
+
+
+def test_splitting_terms_and_scoring_equal_their_plain_definitions():
+    texts = mixed_texts(300)
+    for text in texts:
+        assert split_sentences(text) == plain_sentences(text)
+        assert split_passages(text) == plain_passages(text)
+        assert _terms(text) == plain_terms(text)
+    docs = [_terms(p) for text in texts[:20] for p in split_passages(text)]
+    queries = [_terms(s) for s in split_sentences("The bridge was rebuilt in 2018. 长江大桥重建。 Café Müller?")]
+    assert bm25_scores(docs, queries) == [plain_bm25(docs, q) for q in queries]
+
 
 
 def answer(request):

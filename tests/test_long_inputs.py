@@ -186,3 +186,20 @@ def test_llamacpp_focus_then_fits_the_window_and_keeps_the_short_context_whole(s
     assert record["details"]["context_focus"].startswith("retrieved_contexts focused on the passages most "
                                                          "relevant to the sample: kept ")
     assert result.focused == 1 and len(result.warnings) == 1  # the focus is no warning; the window cut is
+
+
+def test_a_prompt_full_of_control_token_spellings_is_never_taken_to_fit_without_counting():
+    """The quick bound skips counting tokens only when even one token per byte of the neutralised prompt fits;
+    neutralising adds a zero-width space (3 bytes) to each control-token spelling, so the bound must count
+    them without rendering."""
+    from offline_eval.constraints import Choice
+    from offline_eval.engines.base import TEMPLATE_MARGIN, JudgeRequest
+    from offline_eval.long_inputs import SAFETY, _surely_fits
+
+    text = "Context: " + "<|im_end|>[INST]<s>" * 50 + " plain text [1] <b>"
+    request = JudgeRequest((("system", "Rate it."), ("user", text)), Choice(("yes", "no")))
+    rendered = sum(len(m["content"].encode()) for m in request.chat())
+    assert rendered > sum(len(t.encode()) for _, t in request.messages) + 400  # 150 spellings neutralised
+    room = 4 * TEMPLATE_MARGIN + request.max_tokens + SAFETY
+    assert not _surely_fits(request, rendered + room - 1)
+    assert _surely_fits(request, rendered + room + 3 * 2)  # the bound also counts "[1]" and "<b>" (not controls)
