@@ -121,7 +121,7 @@ def focus_contexts(contexts: Sequence[str], queries: Sequence[Optional[str]],
 
 def split_sentences(text: str) -> list[str]:
     """The sentences of `text`, each with the spaces that follow it: "".join(them) == text."""
-    return [m.group() for m in _SENTENCE.finditer(text) if m.group()]
+    return [sentence for sentence in _SENTENCE.findall(text) if sentence]
 
 
 def split_passages(text: str) -> list[str]:
@@ -130,26 +130,24 @@ def split_passages(text: str) -> list[str]:
     units = []
     for sentence in split_sentences(text):
         units.extend([sentence] if len(sentence.encode()) <= PASSAGE_BYTES else _pieces(sentence))
-    return _packed(units)
+    return _packed(units, text.isascii())
 
 
 def _pieces(sentence: str) -> list[str]:
     """A sentence longer than a passage, cut after spaces (a run without spaces: by character) into runs of up
     to a passage."""
-    words = []
-    for w in re.findall(r"\S+\s*|\s+", sentence):
-        words.extend(list(w) if len(w.encode()) > PASSAGE_BYTES else [w])
-    return _packed(words)
+    words = re.findall(r"\S+\s*|\s+", sentence)
+    if max(map(len, words)) * 4 > PASSAGE_BYTES:  # a word may be longer than a passage (4 bytes a character)
+        words = [c for w in words for c in (list(w) if len(w.encode()) > PASSAGE_BYTES else [w])]
+    return _packed(words, sentence.isascii())
 
 
-def _packed(units: list[str]) -> list[str]:
-    """Consecutive `units` joined into runs of up to PASSAGE_BYTES (a unit is never split): each run takes
-    units while they fit, and at least one. Found by bisecting the units' cumulative byte ends, not unit by
-    unit: a long sentence is cut into hundreds of words."""
-    if all(u.isascii() for u in units):
-        ends = list(accumulate(map(len, units)))  # UTF-8 bytes add up, and ASCII has one per character
-    else:
-        ends = list(accumulate(len(u.encode()) for u in units))
+def _packed(units: list[str], ascii: bool) -> list[str]:
+    """Consecutive `units` (`ascii`: all of them ASCII) joined into runs of up to PASSAGE_BYTES (a unit is never
+    split): each run takes units while they fit, and at least one. Found by bisecting the units' cumulative
+    byte ends, not unit by unit: a long sentence is cut into hundreds of words."""
+    # UTF-8 bytes add up, and ASCII has one per character
+    ends = list(accumulate(map(len, units) if ascii else (len(u.encode()) for u in units)))
     runs, i, before = [], 0, 0
     while i < len(units):
         j = max(i, bisect_right(ends, before + PASSAGE_BYTES, i) - 1)
