@@ -129,14 +129,14 @@ def fill_cache(model: str, metrics: list[str], base: list[dict], rows: int, data
     chosen = [metric_by_name(m) for m in metrics]
     with JudgeCache(cache_path) as cache:
         started = time.perf_counter()
-        recording = Recording(engine)
+        recording = Recording(engine)  # no cache here: a kept cache would answer, and nothing would be recorded
         stream_metrics(enumerate(SingleTurnSample(**r) for r in base), chosen, lambda i, res: None,
-                       judge=recording, cache=cache)
+                       judge=recording)
         print(f"judged {len(base)} base rows for real in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         copying = Copying(engine, recording.outputs)
         started = time.perf_counter()
         samples = (SingleTurnSample(**{f: v for f, v in marked(base[k % len(base)], k).items() if f != "id"})
-                   for k in range(1, rows))  # row 0 is base row 0 itself
+                   for k in range(rows))  # every row, row 0 (base row 0 itself) too, answered from the recording
         stream_metrics(enumerate(samples), chosen, lambda i, res: None, judge=copying, cache=cache)
         print(f"filled the cache for {rows} rows in {time.perf_counter() - started:.0f} s "
               f"({copying.real_calls} requests judged for real)", file=sys.stderr)
