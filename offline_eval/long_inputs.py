@@ -135,7 +135,8 @@ def _surely_fits(request: JudgeRequest, size: int) -> bool:
     The prompt's bytes are bounded without rendering it (a regex pass over each text, a hot loop of the run
     core): neutralising a control-token spelling adds a 3-byte zero-width space, and every spelling starts
     with "<" or "[" (engines.base.control_pattern)."""
-    text_bytes = sum(len(text.encode()) + 3 * (text.count("<") + text.count("[")) for _, text in request.messages)
+    text_bytes = sum((len(text) if text.isascii() else len(text.encode())) + 3 * (text.count("<") + text.count("["))
+                     for _, text in request.messages)
     return text_bytes + 4 * TEMPLATE_MARGIN + request.max_tokens + SAFETY <= size
 
 

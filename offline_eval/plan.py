@@ -89,6 +89,8 @@ def detect_language(*texts: Optional[str]) -> str:
     """'en' unless the text is mostly CJK; then 'ko' when that is mostly hangul, 'ja' when it has kana (Japanese
     writes kanji with kana; Chinese never uses kana), else 'zh'. Prompts and generated text follow it."""
     text = " ".join(t for t in texts if t)
+    if text.isascii():  # no CJK letter; answered without a pass over the text (once per sample and metric)
+        return "en"
     letters = [c for c in text if c.isalpha()]
     cjk = [c for c in letters if _CJK.match(c)]
     if not letters or len(cjk) / len(letters) < 0.3:
