@@ -136,7 +136,10 @@ def run(
     if scoring not in SCORINGS:
         raise _fail(f"--scoring must be one of {', '.join(SCORINGS)}, not {scoring!r}", EXIT_BAD_INPUT)
     try:  # one pass over the data, keeping no rows: every bad row is found before any judge time
-        scan = scan_rows(data, metrics.split(",") if metrics else None, kept=SHOWN_ERRORS)
+        with err.status(f"checking every row of {data} before any judge time") as status:
+            scan = scan_rows(data, metrics.split(",") if metrics else None, kept=SHOWN_ERRORS,
+                             on_rows=lambda n: status.update(f"checking every row of {data} before any judge "
+                                                             f"time: {n:,} rows read"))
     except (DataError, ValueError) as exc:
         raise _fail(str(exc), EXIT_BAD_INPUT)
     chosen = scan.metrics

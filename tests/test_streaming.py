@@ -139,6 +139,17 @@ def test_a_scan_counts_every_error_and_keeps_the_first(tmp_path):
     assert {m.name for m in scan.metrics} == {m.name for m in full.metrics}
 
 
+def test_a_scan_says_how_far_it_has_read(monkeypatch):
+    import offline_eval.evaluation as evaluation
+
+    monkeypatch.setattr(evaluation, "SCAN_REPORT_EVERY", 10)
+    heard: list[int] = []
+    for metrics in (None, ["faithfulness"]):
+        heard.clear()
+        scan = scan_rows([ROWS[0]] * 35, metrics, on_rows=heard.append)
+        assert scan.rows == 35 and heard == [10, 20, 30]
+
+
 def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
     from offline_eval.evaluation import row_record
     from offline_eval.resume import FinishedRows, run_identity, set_aside
