@@ -27,8 +27,8 @@ import math
 import re
 from bisect import bisect_right
 from collections import Counter
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Optional, Sequence
 
 DEFAULT_BUDGET = 1024  # tokens of contexts a sample keeps (estimated); chosen a priori, see the README
@@ -171,7 +171,7 @@ def _joined(passages: Sequence[str], chosen: Sequence[int]) -> str:
 def _terms(text: str) -> Counter:
     """Words (lower-cased, a plural 's' dropped, stopwords out) and, in CJK runs, character bigrams."""
     lowered = text.lower()
-    if lowered.isascii():  # most text, and the hot loop of a focus (one call per passage): one C-level findall
+    if lowered.isascii():  # most text, and the hot loop of a focus (one call per passage): no regex
         return Counter([w[:-1] if len(w) > 3 and w[-1] == "s" and w[-2] != "s" else w  # _stem, inlined
                         for w in lowered.translate(_ASCII_SPACES).split() if w not in _STOPWORDS])
     found: list[str] = []  # in text order, counted at once

@@ -138,12 +138,12 @@ def scan_rows(dataset: Any, metrics: Optional[Sequence[Any]] = None, kept: Optio
     return scan
 
 
-
 def _counted(rows: Iterable[Row], on_rows: Callable[[int], None]) -> Iterator[Row]:
     for n, row in enumerate(rows, 1):
         if n % SCAN_REPORT_EVERY == 0:
             on_rows(n)
         yield row
+
 
 def _count(scan: Scan, row: Row, errors: list[RowError], kept: Optional[int]) -> None:
     if errors:

@@ -103,11 +103,12 @@ def plain_passages(text: str) -> list[str]:
     return plain_packed([p for s in plain_sentences(text) for p in pieces(s)])
 
 
+CJK = "\u3005-\u3007\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+
+
 def plain_terms(text: str) -> Counter:
     found = []
-    for cjk, word in re.findall(r"([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\u3005-\u3007]+)"
-                                r"|([^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\u3005-\u3007]+)",
-                                text.lower()):
+    for cjk, word in re.findall(rf"([{CJK}]+)|([^\W_{CJK}]+)", text.lower()):
         if cjk:
             found += [cjk[i:i + 2] for i in range(max(1, len(cjk) - 1))]
         elif word not in _STOPWORDS:
@@ -128,8 +129,8 @@ def mixed_texts(n: int) -> list[str]:
     """Texts with every kind of sentence end, decimals, long sentences and words, Chinese, accents, newlines."""
     rng = random.Random(7)
     bits = ["The bridge was rebuilt.", "Pi is 3.14 here", "Why? ", "Yes! ", "a;b; c", "长江大桥于二〇一八年重建。",
-            "第二句！", "Ulm\n", "\n\n", "Café Müller's ", "x" * 450, "word " * 120, "字" * 300, "tail.",
-            " ", "Dr. Smith; ", "(see [1]) ", "end…", "Glass bridges cross rivers."]
+            "第二句！", "Ulm\n", "\n\n", "Café Müller's ", "x" * 450, "word " * 120, "字" * 300, "tail.", " ",
+            "Dr. Smith; ", "(see [1]) ", "end…", "Glass bridges cross rivers.", "ひらがなと한국어."]
     return [" ".join(rng.choice(bits) for _ in range(rng.randint(0, 40))) for _ in range(n)]
 
 
