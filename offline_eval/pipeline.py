@@ -17,12 +17,17 @@ Same contract as the waves in scheduler.py, through the state both share (run_st
 An engine session is an async context manager yielding `submit(request) -> JudgeOutput`; it bounds the
 requests in flight itself. We hold a gate of the same size on our side, so we know when a request really
 starts and can charge each plan its share of the time (a request holds one of `slots` for `t` seconds:
-t / slots of the wall time, exact while all slots are busy).
+t / slots of the wall time, exact while all slots are busy). The gate hands a free slot to the oldest
+sample's waiting request, not to the request that waited longest: in first-come order a window's first
+stages (a thousand samples' claims) would all go before the first sample's verdicts, and no row would be
+finished until the window's whole first stage was. The engine is kept as busy either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
@@ -66,6 +71,8 @@ async def _stream(items, begin, report, window: int, feed: Feed, embedder: Any, 
             if not future.cancelled() and future.exception() is not None and not failure.done():
                 failure.set_exception(future.exception())
 
+        admitted = itertools.count()  # each sample's place in the input: its requests' rank at the gate
+
         async def admit() -> None:
             source = iter(items)
             while True:
@@ -73,7 +80,7 @@ async def _stream(items, begin, report, window: int, feed: Feed, embedder: Any, 
                 if (item := next(source, _END)) is _END:
                     break
                 run = await asyncio.to_thread(begin, item) if begin_in_thread else begin(item)
-                future = asyncio.ensure_future(_drive_sample(run, judge, embed))
+                future = asyncio.ensure_future(_drive_sample(run, next(admitted), judge, embed))
                 live.add(future)
                 future.add_done_callback(watch)
                 begun.put_nowait((run, future))
@@ -107,16 +114,48 @@ async def _stream(items, begin, report, window: int, feed: Feed, embedder: Any, 
                 failure.cancel()
 
 
-async def _drive_sample(run: SampleRun, judge: "_Judge", embed: "_Embedder") -> None:
-    await asyncio.gather(*(_drive(t, judge, embed, run.asked) for t in run.live()))
+async def _drive_sample(run: SampleRun, rank: int, judge: "_Judge", embed: "_Embedder") -> None:
+    await asyncio.gather(*(_drive(t, rank, judge, embed, run.asked) for t in run.live()))
 
 
-async def _drive(task: Task, judge: "_Judge", embed: "_Embedder", asked: list[Any]) -> None:
-    """Run one plan to its result, one stage at a time; `asked` gets the keys of what it asked."""
+async def _drive(task: Task, rank: int, judge: "_Judge", embed: "_Embedder", asked: list[Any]) -> None:
+    """Run one plan of the sample ranked `rank` to its result, one stage at a time; `asked` gets the keys of
+    what it asked."""
     while task.result is None:
         answers = await asyncio.gather(*(embed(item.texts, item.lang, asked) if isinstance(item, Embed)
-                                         else judge(item, asked) for item in task.waiting))
+                                         else judge(item, rank, asked) for item in task.waiting))
         deliver(task, [a for a, _ in answers], [s for _, s in answers])
+
+
+class OldestFirst:
+    """At most `slots` holders at once; a freed slot goes to the waiter of the lowest rank (the earliest
+    sample), then the earliest asked."""
+
+    def __init__(self, slots: int):
+        self.free = slots
+        self.waiting: list[tuple[int, int, asyncio.Future]] = []  # a heap of (rank, ask order, its turn)
+        self.asked = itertools.count()
+
+    async def acquire(self, rank: int) -> None:
+        if self.free and not self.waiting:
+            self.free -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.waiting, (rank, next(self.asked), turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given the slot, then cancelled: hand it on
+                self.release()
+            raise
+
+    def release(self) -> None:
+        while self.waiting:
+            _, _, turn = heapq.heappop(self.waiting)
+            if not turn.done():  # a cancelled waiter's turn is done already: skip it
+                turn.set_result(None)
+                return
+        self.free += 1
 
 
 class _Judge:
@@ -126,14 +165,14 @@ class _Judge:
                  progress: Progress, stats: RunStats):
         self.submit = submit
         self.slots = max(int(slots), 1)
-        self.gate = asyncio.Semaphore(self.slots)
+        self.gate = OldestFirst(self.slots)
         self.feed = feed
         self.progress = progress
         self.stats = stats
         self.answers: dict[str, asyncio.Future] = {}  # request key -> (output, seconds charged)
         self.askers: dict[str, int] = {}  # request key -> samples in the window that asked it
 
-    def __call__(self, request: JudgeRequest, asked: list[Any]) -> asyncio.Future:
+    def __call__(self, request: JudgeRequest, rank: int, asked: list[Any]) -> asyncio.Future:
         asked.append(request.key)
         self.askers[request.key] = self.askers.get(request.key, 0) + 1
         answer = self.answers.get(request.key)
@@ -145,16 +184,19 @@ class _Judge:
             answer = asyncio.get_running_loop().create_future()
             answer.set_result((found[request.key], 0.0))
         else:
-            answer = asyncio.ensure_future(self._ask_engine(request))
+            answer = asyncio.ensure_future(self._ask_engine(request, rank))
         self.answers[request.key] = answer
         return answer
 
-    async def _ask_engine(self, request: JudgeRequest) -> tuple[JudgeOutput, float]:
+    async def _ask_engine(self, request: JudgeRequest, rank: int) -> tuple[JudgeOutput, float]:
         self.progress.add_total(1)
-        async with self.gate:
+        await self.gate.acquire(rank)
+        try:
             tic = time.perf_counter()
             out = await self.submit(request)
             held = time.perf_counter() - tic
+        finally:
+            self.gate.release()
         self.progress.advance(1)
         self.feed.record([request], [out], self.stats)  # counted, and committed to the cache at once
         return out, held / self.slots

@@ -136,7 +136,10 @@ def test_a_server_that_keeps_failing_stops_the_run_clearly_and_resume_finishes_i
     # the server reached directly, not through the proxy: the cache keys name the weights it serves, not its URL
     code, out, err = finish(start_run(workdir, server.url, "failing.sqlite", "failing.jsonl", models, "--resume"))
     assert code == 0, err
-    assert summary_calls(out) == (total - 5, 5)
+    new, cached = summary_calls(out)
+    # No call that finished is asked again: those of rows the failed run finished (the earliest rows go first)
+    # come with the rows from its partial file, the others from the cache.
+    assert new == total - 5 and cached <= 5
     assert results(workdir / "failing.jsonl") == expected
 
 

@@ -119,6 +119,22 @@ def test_a_sample_does_not_wait_for_the_others_claims():
     assert first_verdict < last_claims_end  # waves would hold every verdict until all claims are in
 
 
+def test_the_first_rows_finish_first_instead_of_after_the_whole_windows_first_stage():
+    """Free engine slots go to the earliest sample's requests: the first row's verdicts do not queue behind
+    the claims of every sample in the window, so rows come out from the start of a run."""
+    rows = [{"user_input": f"Question {i}?", "retrieved_contexts": [f"Fact {i} is true. Fact {i} is old."],
+             "response": f"Fact {i} is true. Fact {i} is old."} for i in range(24)]
+    judge = Pipelined(ScriptedJudge(answer), max_concurrency=2, delay=lambda r: 0.002)
+    ended_at_first_row = []
+    evaluate(rows, metrics=[Faithfulness()], llm=judge, show_progress=False,
+             on_record=lambda record: ended_at_first_row.append(sum(e[0] == "end" for e in judge.events)))
+    assert len(judge.requests) == 24 * 3  # per row: claims, then two verdicts
+    # The first row needs its own 3 requests; the slots its claims and the second row's free go to the next
+    # rows' claims before its verdicts are asked (6-8 requests have ended when it is done). In first-come
+    # order it would wait for all 24 claims (26 ended).
+    assert ended_at_first_row[0] <= 8
+
+
 def test_embeddings_are_batched_and_each_text_embedded_once():
     embeddings = HashEmbeddings()
     rows = [{"user_input": f"Question {i}?", "response": f"Answer {i}."} for i in range(6)] * 2
