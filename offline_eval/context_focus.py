@@ -172,8 +172,7 @@ def _terms(text: str) -> Counter:
     """Words (lower-cased, a plural 's' dropped, stopwords out) and, in CJK runs, character bigrams."""
     lowered = text.lower()
     if lowered.isascii():  # most text, and the hot loop of a focus (one call per passage): no regex
-        return Counter([w[:-1] if len(w) > 3 and w[-1] == "s" and w[-2] != "s" else w  # _stem, inlined
-                        for w in lowered.translate(_ASCII_SPACES).split() if w not in _STOPWORDS])
+        return Counter([_stem(w) for w in lowered.translate(_ASCII_SPACES).split() if w not in _STOPWORDS])
     found: list[str] = []  # in text order, counted at once
     for cjk, word in _TERMS.findall(lowered):  # a CJK run, or a word of other letters and digits
         if cjk:
