@@ -96,7 +96,7 @@ def run(
     min_coverage: Optional[float] = typer.Option(None, "--min-coverage", help="CI gate: the smallest share of scored samples with a value that a metric checked by --fail-under or --baseline needs (default 0.9), so a mean over a few rows never passes."),
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the per-metric summary as JSON (a --baseline for later runs)."),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="vLLM server models: the server's URL (up to /v1) instead of models.yaml's; several, comma-separated, make a fleet: each request goes to the least busy server, and a failed server's requests go to the others."),
-    ray: bool = typer.Option(False, "--ray", help="Run on Ray Data: judge replicas (vLLM, or llama.cpp for a GGUF model, in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
+    ray: bool = typer.Option(False, "--ray", help="Run on Ray: judge replicas (vLLM, or llama.cpp for a GGUF model, in process) score blocks of rows; each block is saved under <output>.parts/ (a rerun resumes from them), then all merge into the output (.parquet or JSONL). A local Ray on 127.0.0.1 unless --ray-address or RAY_ADDRESS names a cluster."),
     ray_address: Optional[str] = RAY_ADDRESS,
     replicas: int = REPLICAS,
     replica_cpus: float = REPLICA_CPUS,
@@ -107,7 +107,6 @@ def run(
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
-    from .dataset import load_rows
     from .evaluation import row_record, scan_rows, score_rows
     from .results_io import ResultsStream, parquet_problem, partial_path
     from .resume import FinishedRows, run_identity, set_aside
@@ -183,26 +182,32 @@ def run(
     to_score = chosen if metrics else None  # None: the default set, whose rows may lack some metrics' fields
     try:
         if ray:  # each replica opens the judge cache of its own node (or `--cache PATH`, a path every node has)
-            from .ray_run import RayRunError, evaluate_on_ray
+            from .ray_run import Placement, RayRunError, run_on_ray
 
             err.print(f"running on Ray: {replicas} replica(s) of {model or Registry.load().get(None).name}, "
                       f"blocks of {block_rows} rows; parts in {output}.parts/", highlight=False)
-            try:
-                result = evaluate_on_ray(
-                    load_rows(data), to_score, model, replicas, output=output, num_cpus=replica_cpus,
-                    num_gpus=replica_gpus, embeddings=embeddings, block_rows=block_rows, address=ray_address,
+            summary = RunSummary([m.name for m in chosen])
+
+            def announce(b) -> None:
+                if not b.get("reused"):
+                    err.print(f"block of rows {b['rows'][0][0]}-{b['rows'][-1][0]} done on {b['host']} "
+                              f"(node {b['node'][:8]}) in {b['seconds']:.1f} s", highlight=False)
+
+            try:  # the rows stream from the file again: the driver never holds them all
+                done = run_on_ray(
+                    data, scan, model, Placement(replicas, replica_cpus, replica_gpus), output=output,
+                    embeddings=embeddings, block_rows=block_rows, address=ray_address,
                     cache=False if no_cache else str(cache) if cache else True, long_inputs=long_inputs,
-                    skip_invalid=skip_invalid, full_results=False, on_block=lambda b: err.print(
-                        f"block of rows {b['rows'][0][0]}-{b['rows'][-1][0]} done on {b['host']} "
-                        f"(node {b['node'][:8]}) in {b['seconds']:.1f} s", highlight=False))
+                    on_block=announce, on_record=summary.add)
             except RayRunError as exc:
                 raise EngineError(str(exc)) from None
-            _print_summary(result, time.perf_counter() - started)
-            reused = sum(len(b["rows"]) for b in result.blocks if b.get("reused"))
-            out.print(f"judge calls: {result.stats.judge_calls} new, {result.stats.cached} from the cache; "
-                      f"{reused} row(s) from earlier blocks", highlight=False)
+            summary.judge, summary.stats = done.judge, done.stats
+            _print_summary(summary, time.perf_counter() - started)
+            out.print(f"judge calls: {done.stats.judge_calls} new, {done.stats.cached} from the cache; "
+                      f"{done.reused_rows} row(s) from earlier blocks", highlight=False)
             out.print(f"per-sample results: {output}", highlight=False)
-            return _gate(result, data, summary_json, bars, base, max_drop, min_coverage)
+            _print_warnings(summary)
+            return _gate(summary, data, summary_json, bars, base, max_drop, min_coverage)
         # Opened before the judge loads, so an unusable cache fails fast.
         store = None if no_cache else JudgeCache(cache or default_path())
         if resume:
@@ -265,12 +270,16 @@ def run(
         out.print(f"{finished.reused} row(s) taken as they were from the interrupted run's results",
                   highlight=False)
     out.print(f"per-sample results: {output}", highlight=False)
+    _print_warnings(summary)
+    _gate(summary, data, summary_json, bars, base, max_drop, min_coverage)
+
+
+def _print_warnings(summary) -> None:
     for warning in summary.warnings:
         err.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if summary.more_warnings:
         err.print(f"[yellow]warning:[/] ... and {summary.more_warnings} more rows (details.long_input)",
                   highlight=False)
-    _gate(summary, data, summary_json, bars, base, max_drop, min_coverage)
 
 
 def _kept(partial, store, when: str = "") -> str:

@@ -1,11 +1,12 @@
-"""Scale-out on Ray Data: one dataset, many judge replicas across a cluster (`offline-eval run --ray`).
+"""Scale-out on Ray: one dataset, many judge replicas across a cluster (`offline-eval run --ray`).
 
 Design
-- The driver loads and validates the rows exactly as a local run does. Each valid row travels as JSON with
-  its row number and a digest of its content.
-- Rows that a finished part (below) already holds are left out; the rest become a Ray Dataset
-  (`ray.data.from_items`), and `map_batches` hands blocks of `block_rows` rows to a fixed pool of `replicas`
-  actors (`ActorPoolStrategy`).
+- The driver streams the rows (the CLI has validated them in one pass that keeps none; `evaluate_on_ray` takes
+  them in memory) and cuts the rows still to score into blocks of `block_rows`. Each row travels as JSON with
+  its row number and a digest of its content. Rows that a finished part (below) already holds are left out.
+- A fixed pool of `replicas` Ray actors (`JudgeReplica`, with Ray's actor restarts and task retries) takes the
+  blocks, at most two queued per replica, so the driver holds a few blocks at a time, whatever the size of
+  the data: a million rows cost it a few bytes each (row numbers), not the rows.
 - Each actor (`JudgeReplica`) builds ONE judge in `__init__`: vLLM in process (`VllmOfflineEngine`, built
   through the registry exactly as `run --engine vllm-offline` builds it) for a vLLM model, and the embedding
   model if a metric needs it. Per block it runs the ordinary scheduler, `run_metrics`: every stage of every
@@ -20,18 +21,20 @@ Design
   judge (model name, weights, vLLM settings), the metrics with their settings, the embeddings, the
   long-input policy and the package version; `<rows>` hashes the block's row numbers and digests.
 - Resume is per block: a rerun reads the part headers first, and a row whose number and digest a part lists
-  is done; only the others go to Ray. Within a run Ray retries the block of a lost worker on another replica
-  (Ray Data's actors restart and their tasks retry); a lost driver or cluster loses only the blocks that had
-  not come back. Parts are kept after the merge, so a finished run reruns in seconds; delete the folder to
+  is done; only the others go to Ray. Within a run Ray retries the block of a lost worker (the actor restarts,
+  on another node if its node is gone, and its tasks retry); a lost driver or cluster loses only the blocks
+  that had not come back. Parts are kept after the merge, so a finished run reruns in seconds; delete the folder to
   start over. (The SQLite judge cache is per node, as locally; per-block parts are what make a cluster run
   resumable.)
-- Finally the parts (and the records of skipped invalid rows) are merged in row order into the output: a
-  k-way merge of the sorted parts, so memory grows with the number of parts, not of rows. `.parquet`
-  outputs get columns `row`, one float column per metric (null: no value) and `record` (the JSON record as
+- Finally the parts (and the records of skipped invalid rows, which the driver wrote to a file as it met them)
+  are merged in row order into the output: a k-way merge of the sorted parts, which opens a part only when its
+  first row comes up. Each record goes to `on_record` as it is written (the CLI sums its summary from them).
+  `.parquet` outputs get columns `row`, one float column per metric (null: no value) and `record` (the JSON record as
   text); any other name gets JSONL, the `run` format.
 - Placement: each replica asks for `num_cpus` CPUs, `num_gpus` GPUs (default: the model's
-  tensor_parallel_size when the cluster has GPUs, else none) and any custom `resources`. The pool starts
-  every replica before work begins, so a cluster that cannot place them fails with an error, not a hang.
+  tensor_parallel_size when the cluster has GPUs, else none) and any custom `resources`. Every replica loads
+  before work begins (within `start_timeout`), so a cluster that cannot place them fails with an error, not a
+  hang.
 - A local Ray instance (address "local") is bound to 127.0.0.1 with no dashboard and no usage stats, and
   Ray is told not to look for an outward address (it would otherwise rewrite 127.0.0.1 to the address a
   UDP connect towards 8.8.8.8 picks).
@@ -45,17 +48,17 @@ import json
 import os
 import platform
 import time
+from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 
-from .dataset import Row, to_sample
-from .evaluation import EvaluationResult, scorable_rows
-from .results_io import json_default
+from .dataset import Row, ValidationError, iter_rows, load_rows, to_sample
+from .evaluation import EvaluationResult, Scan, row_record, scan_rows
 from .long_inputs import DEFAULT_POLICY
 from .metrics import Metric, MetricResult
-from .results_io import results_writer
+from .results_io import json_default, results_writer
 from .run_state import RunStats, failed_calls
 
 PART_FORMAT = 1
@@ -119,7 +122,7 @@ def run_fingerprint(model: Any, metrics: Sequence[Metric], embeddings: Optional[
 # ---- the replica ---------------------------------------------------------------------------------------
 
 class JudgeReplica:
-    """A Ray Data actor: one judge (and embedder) loaded once, scoring whole blocks of rows."""
+    """A Ray actor: one judge (and embedder) loaded once, scoring whole blocks of rows."""
 
     def __init__(self, model: Any, options: dict[str, Any], metrics: Sequence[Metric], embeddings: Optional[str],
                  cache: Any, long_inputs: str, run: str):
@@ -139,13 +142,18 @@ class JudgeReplica:
         self.where = {"node": ray.get_runtime_context().get_node_id(), "host": platform.node(),
                       "pid": os.getpid()}
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+    def ready(self) -> dict[str, Any]:
+        """Where this replica runs; answered once the judge is loaded."""
+        return self.where
+
+    def score(self, items: list[dict[str, Any]]) -> dict[str, str]:
+        """One block of row items (`row_item`): its part's file name, header and records."""
         from .scheduler import run_metrics
 
         # in row order, so the driver can merge the parts of a run without sorting them
-        pairs = sorted(zip(batch["row"].tolist(), batch["payload"], batch["digest"]))
-        rows = [_row(str(p)) for _, p, _ in pairs]
-        numbers, digests = [r.number for r in rows], [str(d) for _, _, d in pairs]
+        items = sorted(items, key=lambda it: it["row"])
+        rows = [_row(it["payload"]) for it in items]
+        numbers, digests = [r.number for r in rows], [it["digest"] for it in items]
         stats = RunStats()
         tic = time.perf_counter()
         results = run_metrics([to_sample(r) for r in rows], self.metrics, judge=self.engine,
@@ -155,8 +163,8 @@ class JudgeReplica:
         header = {"offline_eval_part": PART_FORMAT, "run": self.run, "rows": [[n, d] for n, d in zip(numbers, digests)],
                   **self.where, "seconds": time.perf_counter() - tic, "finished": time.time(),
                   "rss": tree_rss(os.getpid()), "stats": stats.to_dict(), "judge": self.engine.identity}
-        return {"part": [part_name(self.run, numbers, digests)], "header": [_dumps(header)],
-                "records": ["".join(_dumps(rec) + "\n" for rec in scored.records())]}
+        return {"part": part_name(self.run, numbers, digests), "header": _dumps(header),
+                "records": "".join(_dumps(rec) + "\n" for rec in scored.records())}
 
 
 def tree_rss(pid: int) -> Optional[int]:
@@ -196,14 +204,14 @@ def read_header(path: Path) -> Optional[dict[str, Any]]:
     return header if isinstance(header, dict) and header.get("offline_eval_part") == PART_FORMAT else None
 
 
-def finished_rows(parts: Path, digests: dict[int, str]) -> dict[int, Path]:
-    """Which part holds each row already done: listed by a part with the row's current digest."""
-    done: dict[int, Path] = {}
+def finished_rows(parts: Path) -> dict[int, tuple[str, Path]]:
+    """The rows the finished parts hold: row number -> (its digest then, the part). The first part listing a row
+    wins."""
+    done: dict[int, tuple[str, Path]] = {}
     for path in sorted(parts.glob("part-*.jsonl")):
         header = read_header(path)
         for number, digest in (header or {}).get("rows", []):
-            if digests.get(number) == digest:
-                done.setdefault(number, path)
+            done.setdefault(number, (digest, path))
     return done
 
 
@@ -219,38 +227,43 @@ def _part_records(path: Path, rows: set[int]) -> Iterator[tuple[int, str, dict[s
     """(row, JSON line, record) for the part's records of `rows`, in row order."""
     with open(path, encoding="utf-8") as f:
         next(f)  # the header
-        for line in f:
-            record = json.loads(line)
-            if record["row"] in rows:
-                yield record["row"], line.rstrip("\n"), record
+        yield from _records(f, rows)
+
+
+def _records(lines: Iterable[str], rows: Optional[set[int]] = None) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    for line in lines:
+        record = json.loads(line)
+        if rows is None or record["row"] in rows:
+            yield record["row"], line.rstrip("\n"), record
 
 
 # ---- the merged output -----------------------------------------------------------------------------------
 
-def merge(output: Path, sources: dict[int, Path], extra: Sequence[dict[str, Any]], metric_names: Sequence[str],
-          full: bool = True) -> dict[int, dict[str, MetricResult]]:
-    """Write every row's record in row order (`sources`: the part holding each scored row; `extra`: records
-    made on the driver, e.g. skipped rows) to `output`, atomically; returns the scored rows' results (`full`:
-    with reasons, details and judge calls; else values and long-input notes only)."""
-    by_part: dict[Path, set[int]] = {}
-    for number, path in sources.items():
-        by_part.setdefault(path, set()).add(number)
-    streams = [(min(rows), lambda path=path, rows=rows: _part_records(path, rows)) for path, rows in by_part.items()]
-    if extra:
-        records = sorted(((r["row"], _dumps(r), r) for r in extra), key=lambda t: t[0])
-        streams.append((records[0][0], lambda: iter(records)))
+def merge(output: Path, sources: dict[Path, array], skipped: Optional[Path], metric_names: Sequence[str],
+          on_record: Callable[[dict[str, Any]], None] = lambda record: None) -> None:
+    """Write every row's record in row order to `output`, atomically: from each part the rows `sources` gives
+    it (in row order), and the records of `skipped` (a JSONL file of records made on the driver, in row order).
+    `on_record` gets each record as it is written."""
+    streams = [(rows[0], lambda path=path, rows=rows: _part_records(path, set(rows)))
+               for path, rows in sources.items() if rows]
+    if skipped is not None:
+        first = next(_records(_lines(skipped)), None)
+        if first is not None:
+            streams.append((first[0], lambda: _records(_lines(skipped))))
     tmp = output.with_name(output.name + ".tmp")
     out = results_writer(tmp, metric_names, parquet=output.suffix == ".parquet")
-    results: dict[int, dict[str, MetricResult]] = {}
     try:
-        for number, line, record in _in_row_order(streams):
+        for _, line, record in _in_row_order(streams):
             out.write(line, record)
-            if "metrics" in record:
-                results[number] = {name: _result(m, full) for name, m in record["metrics"].items()}
+            on_record(record)
     finally:
         out.close()
     tmp.replace(output)
-    return results
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        yield from f
 
 
 def _in_row_order(streams: list[tuple[int, Callable[[], Iterator[tuple]]]]) -> Iterator[tuple]:
@@ -303,6 +316,98 @@ class RayEvaluation(EvaluationResult):
     blocks: list[dict[str, Any]]  # part headers: rows, node, host, pid, seconds, finished (epoch), rss (replica + children), stats; "reused" if from before
 
 
+@dataclass
+class RayRun:
+    """What `run_on_ray` did: where the output and parts are, the judge, the new blocks' stats and how many rows
+    came from the parts of an earlier run."""
+
+    output: Path
+    parts: Path
+    judge: dict[str, Any]
+    stats: RunStats
+    reused_rows: int = 0
+
+
+def run_on_ray(
+    dataset: Any,
+    scan: Scan,
+    model: Any,
+    placement: Placement,
+    *,
+    output: Path,
+    embeddings: Optional[str] = None,
+    engine_options: Optional[dict[str, Any]] = None,
+    block_rows: int = 64,
+    address: Optional[str] = None,
+    cache: Any = False,
+    long_inputs: str = DEFAULT_POLICY,
+    on_block: Callable[[dict[str, Any]], None] = lambda header: None,
+    on_record: Callable[[dict[str, Any]], None] = lambda record: None,
+) -> RayRun:
+    """Score the rows of `dataset` (read again with iter_rows, a block at a time) that `scan` found valid, with
+    the metrics it chose, on Ray; write every row's record, in row order, to `output` and to `on_record`
+    (rows with errors get a skipped record). `on_block` gets each block's part header: as it finishes, or with
+    "reused": True for the parts of an earlier run that still hold rows."""
+    spec = _model_spec(model)
+    options = dict(engine_options or {})
+    run = run_fingerprint(spec, scan.metrics, embeddings, long_inputs, options)
+    parts = Path(f"{output}.parts") / run
+    parts.mkdir(parents=True, exist_ok=True)
+    for stale in parts.glob("*.tmp"):  # a block or skipped file the driver was writing when it died
+        stale.unlink()
+    done = finished_rows(parts)
+    sources: dict[Path, array] = {}  # part -> the rows it gives the output (row numbers: 8 bytes a row)
+    sent = array("q")
+    skipped = parts / "skipped.jsonl.tmp"
+
+    def blocks(records: TextIO) -> Iterator[list[dict[str, Any]]]:
+        block: list[dict[str, Any]] = []
+        for row in iter_rows(dataset):
+            errors = scan.errors_of(row)
+            if errors:
+                records.write(_dumps(row_record(row, None, [str(e) for e in errors])) + "\n")
+                continue
+            item = row_item(row)
+            digest, path = done.get(row.number, (None, None))
+            if digest == item["digest"]:
+                sources.setdefault(path, array("q")).append(row.number)
+                continue
+            sent.append(row.number)
+            block.append(item)
+            if len(block) == block_rows:
+                yield block
+                block = []
+        if block:
+            yield block
+
+    stats = RunStats()
+    judge: Optional[dict[str, Any]] = None
+    new: set[Path] = set()
+    replica_args = dict(model=spec, options=options, metrics=[_bare(m) for m in scan.metrics],
+                        embeddings=embeddings, cache=cache, long_inputs=long_inputs, run=run)
+    with open(skipped, "w", encoding="utf-8") as records:
+        with ray_connection(address):
+            for item in _score_blocks(blocks(records), replica_args, placement, spec):
+                path = write_part(parts, item["part"], item["header"], item["records"])
+                header = json.loads(item["header"])
+                sources[path] = array("q", (n for n, _ in header["rows"]))
+                new.add(path)
+                judge = header["judge"]
+                _add_stats(stats, header["stats"])
+                on_block(header)
+    if sum(len(sources[p]) for p in new) != len(sent):
+        missing = sorted(set(sent) - {n for p in new for n in sources[p]})
+        raise RayRunError(f"{len(missing)} row(s) came back from no block: {missing[:20]}")
+    reused = sorted(set(sources) - new)
+    for path in reused:
+        header = {**read_header(path), "reused": True}
+        judge = judge or header["judge"]
+        on_block(header)
+    merge(output, sources, skipped, [m.name for m in scan.metrics], on_record)
+    skipped.unlink()
+    return RayRun(output, parts, judge or judge_key(spec, options), stats, sum(len(sources[p]) for p in reused))
+
+
 def evaluate_on_ray(
     rows: Any,
     metrics: Optional[Sequence[Any]],
@@ -334,46 +439,32 @@ def evaluate_on_ray(
     127.0.0.1 for this call. `cache`: the judge cache on each replica's node (False: none, True: the default
     file, or a path). `engine_options` go to each replica's engine on top of the models.yaml settings (e.g.
     {"gpu_memory_utilization": 0.8}, or {"n_threads": 4} for llama.cpp). `full_results=False` keeps only the
-    values (and long-input notes) in the returned results (the output has everything), for datasets too large
-    to hold reasons and judge calls in memory. `on_block` gets each new block's header as it finishes."""
-    rows, chosen, errors, good = scorable_rows(rows, metrics, skip_invalid)
-    bad = {e.row.number for e in errors}
-    spec = _model_spec(model)
-    options = dict(engine_options or {})
-    run = run_fingerprint(spec, chosen, embeddings, long_inputs, options)
+    values (and long-input notes) in the returned results (the output has everything). `on_block` gets each
+    new block's header as it finishes. This holds every row and result in memory, as `evaluate` does; for
+    data larger than memory, use `run_on_ray` (what `offline-eval run --ray` runs)."""
+    rows = load_rows(rows)
+    scan = scan_rows(rows, metrics)
+    if scan.errors and not skip_invalid:
+        raise ValidationError(scan.errors)
     output = Path(output) if output else _temporary_output()
-    parts = Path(f"{output}.parts") / run
-    parts.mkdir(parents=True, exist_ok=True)
-    for stale in parts.glob("*.tmp"):  # a block the driver was writing when it died
-        stale.unlink()
-    items = [row_item(r) for r in good]
-    digests = {it["row"]: it["digest"] for it in items}
-    sources = finished_rows(parts, digests)
-    blocks = [{**read_header(p), "reused": True} for p in sorted(set(sources.values()))]
-    todo = [it for it in items if it["row"] not in sources]
+    results: dict[int, dict[str, MetricResult]] = {}
+    blocks: list[dict[str, Any]] = []
+
+    def keep(record: dict[str, Any]) -> None:
+        if "metrics" in record:
+            results[record["row"]] = {name: _result(m, full_results) for name, m in record["metrics"].items()}
+
+    def block(header: dict[str, Any]) -> None:
+        blocks.append(header)
+        if not header.get("reused"):
+            on_block(header)
+
     placement = Placement(replicas, num_cpus, num_gpus, dict(resources or {}), start_timeout)
-    stats = RunStats()
-    judge: dict[str, Any] = blocks[0]["judge"] if blocks else judge_key(spec, options)
-    if todo:
-        replica_args = dict(model=spec, options=options, metrics=[_bare(m) for m in chosen], embeddings=embeddings,
-                            cache=cache, long_inputs=long_inputs, run=run)
-        with ray_connection(address):
-            for item in _run_blocks(todo, replica_args, placement, block_rows, spec):
-                path = write_part(parts, item["part"], item["header"], item["records"])
-                header = json.loads(item["header"])
-                sources.update((n, path) for n, _ in header["rows"])
-                blocks.append(header)
-                judge = header["judge"]
-                _add_stats(stats, header["stats"])
-                on_block(header)
-    missing = sorted(set(digests) - set(sources))
-    if missing:
-        raise RayRunError(f"{len(missing)} row(s) came back from no block: {missing[:20]}")
-    names = [m.name for m in chosen]
-    skipped = EvaluationResult([r for r in rows if r.number in bad], {}, names, errors, RunStats(), judge).records()
-    results = merge(output, sources, skipped, names, full_results)
-    result = RayEvaluation(rows, results, names, errors, stats, judge)
-    result.output, result.parts, result.blocks = output, parts, blocks
+    done = run_on_ray(rows, scan, model, placement, output=output, embeddings=embeddings,
+                      engine_options=engine_options, block_rows=block_rows, address=address, cache=cache,
+                      long_inputs=long_inputs, on_block=block, on_record=keep)
+    result = RayEvaluation(rows, results, [m.name for m in scan.metrics], scan.errors, done.stats, done.judge)
+    result.output, result.parts, result.blocks = output, done.parts, blocks
     return result
 
 
@@ -426,7 +517,7 @@ def ray_connection(address: Optional[str] = None) -> Iterator[None]:
     try:
         import ray
     except ImportError:
-        raise RayRunError("--ray needs Ray Data: pip install 'ray[data]'") from None
+        raise RayRunError("--ray needs Ray: pip install 'ray[data]'") from None
     if ray.is_initialized():
         yield
         return
@@ -440,27 +531,59 @@ def ray_connection(address: Optional[str] = None) -> Iterator[None]:
         ray.shutdown()
 
 
-def _run_blocks(todo: list[dict[str, Any]], replica_args: dict[str, Any], placement: Placement, block_rows: int,
-                spec: Any) -> Iterator[dict[str, Any]]:
-    """Each block's output item, as it finishes."""
+QUEUED_PER_REPLICA = 2  # blocks sent to a replica before it answers: it never waits for the driver
+
+
+def _score_blocks(blocks: Iterator[list[dict[str, Any]]], replica_args: dict[str, Any], placement: Placement,
+                  spec: Any) -> Iterator[dict[str, str]]:
+    """Each block's output item (JudgeReplica.score), as it finishes. Blocks are read from `blocks` only as
+    replicas free up, so the driver holds at most QUEUED_PER_REPLICA blocks per replica."""
     import ray
 
     gpus = placement.num_gpus
     if gpus is None:
         gpus = _tensor_parallel(spec) if ray.cluster_resources().get("GPU", 0) > 0 else 0
     _check_capacity(placement, gpus)
-    context = ray.data.DataContext.get_current()
-    saved = context.wait_for_min_actors_s, context.enable_progress_bars
-    # Every replica loads before work starts: both are on the job, and a cluster too small is an error.
-    context.wait_for_min_actors_s, context.enable_progress_bars = int(placement.start_timeout), False
+    # Restarted when its process or node is lost (on another node if need be), and its blocks retried there.
+    replica = ray.remote(JudgeReplica).options(
+        num_cpus=placement.num_cpus, num_gpus=gpus or 0, resources=placement.resources or None,
+        max_restarts=-1, max_task_retries=-1)
+    actors = [replica.remote(**replica_args) for _ in range(placement.replicas)]
     try:
-        ds = ray.data.from_items(todo).map_batches(
-            JudgeReplica, fn_constructor_kwargs=replica_args, batch_size=block_rows, batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=placement.replicas, max_tasks_in_flight_per_actor=1),
-            num_cpus=placement.num_cpus, num_gpus=gpus or None, resources=placement.resources or None)
-        yield from ds.iter_rows()
+        _wait_until_loaded(actors, placement.start_timeout)
+        queued: dict[Any, Any] = {}  # a block's result ref -> its replica
+        load = {actor: 0 for actor in actors}
+        for block in blocks:
+            while min(load.values()) >= QUEUED_PER_REPLICA:
+                yield _next_done(queued, load)
+            actor = min(actors, key=load.__getitem__)
+            queued[actor.score.remote(block)] = actor
+            load[actor] += 1
+        while queued:
+            yield _next_done(queued, load)
     finally:
-        context.wait_for_min_actors_s, context.enable_progress_bars = saved
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _wait_until_loaded(actors: list[Any], timeout: float) -> None:
+    """Every replica has its judge loaded, or an error: one that cannot be placed or loaded does not hang."""
+    import ray
+
+    ready = [actor.ready.remote() for actor in actors]
+    _, waiting = ray.wait(ready, num_returns=len(ready), timeout=timeout)
+    if waiting:
+        raise RayRunError(f"{len(waiting)} of {len(actors)} replica(s) had not loaded their judge after {timeout:g} s "
+                          "(the cluster may lack the resources they ask for)")
+    ray.get(ready)  # a replica whose judge failed to load raises its error here
+
+
+def _next_done(queued: dict[Any, Any], load: dict[Any, int]) -> dict[str, str]:
+    import ray
+
+    (ref,), _ = ray.wait(list(queued), num_returns=1)
+    load[queued.pop(ref)] -= 1
+    return ray.get(ref)
 
 
 def _tensor_parallel(spec: Any) -> int:

@@ -1,4 +1,4 @@
-"""1 vs N judge replicas on Ray Data, side by side in one run (offline_eval/ray_run.py).
+"""1 vs N judge replicas on Ray, side by side in one run (offline_eval/ray_run.py).
 
     python scripts/bench_ray.py [--model smollm2-135m-instruct-hf] [--rows 48] [--replicas 1,2] [--block-rows 8]
                                 [--metrics answer_accuracy,response_groundedness] [--local] [--address ADDR]

@@ -4,6 +4,7 @@ this checkout and (optionally) an earlier commit side by side in one run; prints
 
     python scripts/bench_run_core.py [--sizes 10000,100000] [--baseline COMMIT] [--model smollm2-135m-instruct]
                                      [--metrics faithfulness,response_groundedness] [--base 8] [--keep DIR]
+                                     [--ray]
 
 Rows (realistic field sizes): a question, 3-5 retrieved contexts of 100-200 words (passages of the web
 articles WiCE dev cites, ../shared/benchmarks/wice), a ~60-word response (the WiCE claim and what follows
@@ -20,6 +21,10 @@ Per run: wall seconds from process start (model load and the validation pass inc
 (the process's maximum resident set, from wait4), and the time until the first row is in the output
 (this checkout: `<output>.partial`; a baseline that writes only at the end: its output file). Each size
 runs this checkout and the baseline one after the other, so both see the same machine load.
+
+`--ray` runs `offline-eval run --ray` instead (a local Ray instance, one replica, blocks of 256 rows, the
+same warm cache) and reports the driver's own peak RSS (VmHWM of the CLI process, read every 0.1 s while it
+runs) beside the largest of its process tree (wait4: the replica and Ray's own processes are its children).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -159,16 +165,38 @@ def first_row_watch(paths: list[Path], started: float, stop: threading.Event) ->
     return seen
 
 
-def measure(root: Path, data: Path, rows: int, model: str, metrics: list[str], cache: Path, out: Path) -> dict:
+def driver_peak_watch(pid: int, stop: threading.Event) -> list[int]:
+    """The process's own peak RSS in kB (VmHWM), as last read before it exited."""
+    peak = [0]
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                with open(f"/proc/{pid}/status", encoding="ascii") as f:
+                    peak[0] = next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), peak[0])
+            except OSError:
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return peak
+
+
+def measure(root: Path, data: Path, rows: int, model: str, metrics: list[str], cache: Path, out: Path,
+            ray: bool = False) -> dict:
     for p in (out, Path(f"{out}.partial")):
         p.unlink(missing_ok=True)
+    shutil.rmtree(f"{out}.parts", ignore_errors=True)  # --ray: no block of an earlier run is reused
     cmd = [sys.executable, "-m", "offline_eval.cli", "run", str(data), "--model", model, "--metrics",
-           ",".join(metrics), "--cache", str(cache), "--output", str(out)]
+           ",".join(metrics), "--cache", str(cache), "--output", str(out),
+           *(["--ray", "--replicas", "1", "--block-rows", "256"] if ray else [])]
     env = {**os.environ, "PYTHONPATH": str(root), "OFFLINE_EVAL_PROGRESS": "0"}
+    env.pop("RAY_ADDRESS", None)
     stop = threading.Event()
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = first_row_watch([Path(f"{out}.partial"), out], started, stop)
+    driver = driver_peak_watch(proc.pid, stop)
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - started
@@ -180,7 +208,8 @@ def measure(root: Path, data: Path, rows: int, model: str, metrics: list[str], c
         raise SystemExit(f"{root}: {written} rows written, not {rows}")
     calls = re.search(r"judge calls: \d+ new, \d+ from the cache", output)
     return {"seconds": seconds, "rows_per_s": rows / seconds, "peak_rss_mb": usage.ru_maxrss / 1024,
-            "first_row_s": first[0] if first else None, "calls": calls.group(0) if calls else "?"}
+            "driver_rss_mb": driver[0] / 1024, "first_row_s": first[0] if first else None,
+            "calls": calls.group(0) if calls else "?"}
 
 
 def main() -> None:
@@ -191,6 +220,7 @@ def main() -> None:
     parser.add_argument("--metrics", default="faithfulness,response_groundedness")
     parser.add_argument("--base", type=int, default=8, help="distinct rows judged for real")
     parser.add_argument("--keep", default=None, help="a folder for the data and cache (reused if there)")
+    parser.add_argument("--ray", action="store_true", help="run --ray (one local replica) instead")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     metrics = args.metrics.split(",")
@@ -207,7 +237,10 @@ def main() -> None:
                             args.baseline], check=True)
             sides[f"baseline {args.baseline}"] = base_tree
         try:
-            print("| rows | code | wall s | rows/s | peak RSS MB | first row in output s |")
+            if args.ray:
+                print("| rows | code | wall s | rows/s | driver peak RSS MB | largest process MB |")
+            else:
+                print("| rows | code | wall s | rows/s | peak RSS MB | first row in output s |")
             print("|---|---|---|---|---|---|")
             for n in sizes:
                 sliced = work / f"rows-{n}.jsonl"
@@ -216,10 +249,12 @@ def main() -> None:
                         for _, line in zip(range(n), src):
                             dst.write(line)
                 for name, root in sides.items():
-                    m = measure(root, sliced, n, args.model, metrics, cache, Path(tmp) / f"out-{n}.jsonl")
+                    m = measure(root, sliced, n, args.model, metrics, cache, Path(tmp) / f"out-{n}.jsonl", args.ray)
                     first = "-" if m["first_row_s"] is None else f"{m['first_row_s']:.1f}"
+                    last = f"{m['peak_rss_mb']:,.0f}" if args.ray else first
+                    memory = m["driver_rss_mb"] if args.ray else m["peak_rss_mb"]
                     print(f"| {n:,} | {name} | {m['seconds']:.0f} | {m['rows_per_s']:,.0f} | "
-                          f"{m['peak_rss_mb']:,.0f} | {first} |", flush=True)
+                          f"{memory:,.0f} | {last} |", flush=True)
                     print(f"  ({m['calls']})", file=sys.stderr)
         finally:
             if args.baseline:

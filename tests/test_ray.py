@@ -1,4 +1,4 @@
-"""Scale-out on Ray Data (offline_eval/ray_run.py) on a simulated 2-node Ray cluster on this machine.
+"""Scale-out on Ray (offline_eval/ray_run.py) on a simulated 2-node Ray cluster on this machine.
 
 The cluster (`ray.cluster_utils.Cluster`: two nodes of 1 CPU each, bound to 127.0.0.1, no dashboard, no usage
 stats) starts once for this module. The scripted-judge tests check blocks, parts, resume and the merged
@@ -173,6 +173,33 @@ def test_invalid_rows_are_skipped_in_place(cluster, tmp_path):
     assert [r["row"] for r in records] == [1, 2, 3]
     assert "skipped" in records[1] and "metrics" in records[0] and "metrics" in records[2]
     assert sorted(result.results) == [1, 3]
+
+
+def test_the_driver_reads_rows_only_as_replicas_free_up(cluster, tmp_path):
+    """A run over more rows than the replicas hold reads the data a few blocks ahead of the judges, never all of it
+    first: the driver's memory does not grow with the data."""
+    from offline_eval.evaluation import scan_rows
+    from offline_eval.ray_run import QUEUED_PER_REPLICA, Placement, run_on_ray
+
+    class Counted:  # a dataset that says how many rows were read from it
+        def __init__(self, rows):
+            self.rows, self.read = rows, 0
+
+        def __iter__(self):
+            for row in self.rows:
+                self.read += 1
+                yield row
+
+    rows = [dict(r, id=f"r{i}") for i in range(3) for r in ROWS]  # 18 rows
+    data = Counted(rows)
+    scan = scan_rows(data, METRICS)
+    read_when_done = []
+    out = tmp_path / "r.jsonl"
+    run_on_ray(data, scan, scripted_judge, Placement(replicas=1), output=out, block_rows=1,
+               on_block=lambda header: read_when_done.append(data.read - len(rows)))
+    # the k-th block to finish: k blocks done, QUEUED_PER_REPLICA - 1 still queued, and the next one read
+    assert read_when_done == [min(k + QUEUED_PER_REPLICA, len(rows)) for k in range(1, len(rows) + 1)]
+    assert [r["row"] for r in read_jsonl(out)] == list(range(1, len(rows) + 1))
 
 
 def test_too_many_replicas_is_an_error_not_a_hang(cluster, tmp_path):
