@@ -7,7 +7,7 @@
 """
 
 from .dataset import DataError, EvaluationDataset, SingleTurnSample, ValidationError
-from .evaluation import EvaluationResult, evaluate, evaluate_iter
+from .run.evaluation import EvaluationResult, evaluate, evaluate_iter
 from .judges import Embeddings, embedding_factory, llm_factory
 from .metrics import MetricResult
 

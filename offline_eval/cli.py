@@ -28,15 +28,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from .constraints import ConstraintViolation
-from .context_focus import DEFAULT_BUDGET
+from .run.context_focus import DEFAULT_BUDGET
 from .dataset import DataError
 from .engines.base import EngineError
 from .engines.registry import ENGINES, SERVER_MODES
 from .engines.vllm_launch import OFFLINE_ENV
 from .metrics import judge_constraints
 from .models import ModelError, Registry
-from .plan import DEFAULT_SCORING, SCORINGS
-from .scheduler import DEFAULT_WINDOW
+from .run.plan import DEFAULT_SCORING, SCORINGS
+from .run.scheduler import DEFAULT_WINDOW
 
 # No hub, no telemetry: set before anything imports huggingface_hub, transformers or vLLM.
 for _key, _value in OFFLINE_ENV.items():
@@ -107,13 +107,13 @@ def run(
 ) -> None:
     """Score DATA with the judge and print a per-metric summary."""
     from .cache import CacheError, JudgeCache, default_path
-    from .evaluation import row_record, scan_rows, score_rows
-    from .results_io import ResultsStream, parquet_problem, partial_path
-    from .resume import FinishedRows, run_identity, set_aside
-    from .run_summary import RunSummary
+    from .run.evaluation import row_record, scan_rows, score_rows
+    from .run.results_io import ResultsStream, parquet_problem, partial_path
+    from .run.resume import FinishedRows, run_identity, set_aside
+    from .run.summary import RunSummary
     from .judges import close_judges, embedding_factory, llm_factory, resolve_judge
-    from .gate import GateError, load_baseline, parse_bars
-    from .long_inputs import parse_policy
+    from .reports.gate import GateError, load_baseline, parse_bars
+    from .run.long_inputs import parse_policy
 
     if server not in SERVER_MODES:
         raise _fail(f"--server must be one of {', '.join(SERVER_MODES)}, not {server!r}", EXIT_BAD_INPUT)
@@ -182,7 +182,7 @@ def run(
     to_score = chosen if metrics else None  # None: the default set, whose rows may lack some metrics' fields
     try:
         if ray:  # each replica opens the judge cache of its own node (or `--cache PATH`, a path every node has)
-            from .ray_run import Placement, RayRunError, run_on_ray
+            from .scale.ray_run import Placement, RayRunError, run_on_ray
 
             err.print(f"running on Ray: {replicas} replica(s) of {model or Registry.load().get(None).name}, "
                       f"blocks of {block_rows} rows; parts in {output}.parts/", highlight=False)
@@ -296,7 +296,7 @@ def _kept(partial, store, when: str = "") -> str:
 def _gate(result, data: Path, summary_json: Optional[Path], bars, base, max_drop: Optional[float],
           min_coverage: Optional[float]) -> None:
     """Write the summary JSON, then check the bars, the baseline and coverage; exit 1 if the gate fails."""
-    from .gate import DEFAULT_MAX_DROP, DEFAULT_MIN_COVERAGE, check, summary_document, write_summary
+    from .reports.gate import DEFAULT_MAX_DROP, DEFAULT_MIN_COVERAGE, check, summary_document, write_summary
 
     max_drop = DEFAULT_MAX_DROP if max_drop is None else max_drop
     min_coverage = DEFAULT_MIN_COVERAGE if min_coverage is None else min_coverage
@@ -406,9 +406,9 @@ def compare(
 ) -> None:
     """Compare judges against human labels: agreement with confidence intervals, cost, consistency, and the
     smallest judge close to the best."""
-    from .compare import RANK_BY, CompareSettings, analyse, run_judges, write_outputs
-    from .compare_tables import all_tables, to_rich
-    from .labels import load_labelled
+    from .comparison.compare import RANK_BY, CompareSettings, analyse, run_judges, write_outputs
+    from .comparison.tables import all_tables, to_rich
+    from .comparison.labels import load_labelled
 
     if (models is None) == (reuse is None):
         raise _fail("give --models (judges to run) or --from (an earlier comparison to analyse again), one of them",
@@ -431,14 +431,14 @@ def compare(
         every_label = load_labelled(labels)
         labelled = every_label.subset(limit, seed or 0)
         if reuse is not None:
-            from .compare_reuse import load_comparison
+            from .comparison.reuse import load_comparison
 
             labelled, runs, before = load_comparison(reuse, every_label, labelled)
             settings.reruns = before["reruns"]
             settings.seed = before["seed"] if seed is None else seed
         elif ray or ray_address is not None:
-            from .compare_ray import RayPlacement, run_judges_on_ray
-            from .ray_run import RayRunError
+            from .scale.compare_ray import RayPlacement, run_judges_on_ray
+            from .scale.ray_run import RayRunError
 
             placement = RayPlacement(ray_address, replicas, replica_cpus, replica_gpus, block_rows)
             try:
@@ -471,7 +471,7 @@ def report(
     """Render an HTML report of a results file: score distributions and the worst samples with their reasons."""
     import json
 
-    from .report_html import results_report
+    from .reports.html import results_report
 
     try:
         lines = results.read_text(encoding="utf-8").splitlines()

@@ -244,7 +244,7 @@ class LanguageEmbeddings:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """All of `texts` with one model: the one for their language taken together."""
-        from .plan import detect_language
+        from .run.plan import detect_language
 
         return self.for_language(detect_language(*texts)).embed(texts)
 

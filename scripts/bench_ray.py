@@ -1,4 +1,4 @@
-"""1 vs N judge replicas on Ray, side by side in one run (offline_eval/ray_run.py).
+"""1 vs N judge replicas on Ray, side by side in one run (offline_eval/scale/ray_run.py).
 
     python scripts/bench_ray.py [--model smollm2-135m-instruct-hf] [--rows 48] [--replicas 1,2] [--block-rows 8]
                                 [--metrics answer_accuracy,response_groundedness] [--local] [--address ADDR]
@@ -30,7 +30,7 @@ def rows(n: int) -> list[dict]:
 
 
 def on_ray(args, data, replicas: int) -> dict:
-    from offline_eval.ray_run import evaluate_on_ray
+    from offline_eval.scale.ray_run import evaluate_on_ray
 
     ends: list[tuple[float, float]] = []  # (finished at, seconds scoring) per block
     tic = time.perf_counter()
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--address", default=None)
     parser.add_argument("--local", action="store_true")
     args = parser.parse_args()
-    from offline_eval.ray_run import ray_connection
+    from offline_eval.scale.ray_run import ray_connection
 
     data = rows(args.rows)
     results = [local(args, data)] if args.local else []

@@ -129,7 +129,7 @@ def fill_cache(model: str, metrics: list[str], base: list[dict], rows: int, data
     from offline_eval.cache import JudgeCache
     from offline_eval.dataset import SingleTurnSample
     from offline_eval.metrics import metric_by_name
-    from offline_eval.scheduler import stream_metrics
+    from offline_eval.run.scheduler import stream_metrics
 
     engine = llm_factory(model)
     chosen = [metric_by_name(m) for m in metrics]

@@ -224,7 +224,7 @@ def our_metrics():
 def ours(rows, engine, embedder, pipeline: bool, cache=None, stats=None):
     """Score rows with the five metrics; returns (bad outputs, no value, notes)."""
     from offline_eval.dataset import SingleTurnSample
-    from offline_eval.scheduler import RunStats, run_metrics
+    from offline_eval.run.scheduler import RunStats, run_metrics
 
     stats = stats if stats is not None else RunStats()
     results = run_metrics([SingleTurnSample(**r) for r in rows], our_metrics(), judge=engine, embeddings=embedder,
@@ -437,7 +437,7 @@ def cached_reruns(count: int, rows, recorder: Recording, engine, embedder, base_
     distinct samples (marked copies of the rows), the cache filled by Copying from the rows' real outputs."""
     from offline_eval.cache import JudgeCache
     from offline_eval.dataset import SingleTurnSample
-    from offline_eval.scheduler import RunStats, run_metrics
+    from offline_eval.run.scheduler import RunStats, run_metrics
 
     repeated = [rows[i % len(rows)] for i in range(count)]
     distinct = [_marked(rows[i % len(rows)], i // len(rows)) for i in range(count)]

@@ -18,7 +18,7 @@ Two suites:
           which the prompts and the choice of default scoring were tuned on) are marked: their figures are not
           accuracy. Each set runs under each --long-inputs policy (default focus, then truncate: long contexts
           judged on their most relevant passages, or whole), with the paired ROC-AUC difference between them;
-          a set whose rows the focus leaves alone runs once. Then a cut fit on the tuned-on sets (a shift-only recalibration, offline_eval/calibration.py)
+          a set whose rows the focus leaves alone runs once. Then a cut fit on the tuned-on sets (a shift-only recalibration, offline_eval/comparison/calibration.py)
           is measured on the others: kappa at that cut next to kappa at 0.5. Judge calls go through the judge
           cache, so a rerun replays in seconds.
 
@@ -38,7 +38,7 @@ and two subsets with the same seed and non-overlapping offsets never share a row
 
 To compare several judges on BEGIN (or on your own labels) with confidence intervals, cost and an HTML
 report, use `offline-eval compare` (README, "Comparing judges"); it shares this script's loader, subset
-order and statistics (offline_eval/labels.py, offline_eval/agreement.py).
+order and statistics (offline_eval/comparison/labels.py, offline_eval/comparison/agreement.py).
 """
 
 from __future__ import annotations
@@ -58,14 +58,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from offline_eval import llm_factory  # noqa: E402
-from offline_eval.agreement import accuracy, balanced_accuracy, roc_auc  # noqa: E402
-from offline_eval.labels import LabelledSet, load_labelled  # noqa: E402
+from offline_eval.comparison.agreement import accuracy, balanced_accuracy, roc_auc  # noqa: E402
+from offline_eval.comparison.labels import LabelledSet, load_labelled  # noqa: E402
 from offline_eval.metrics import MetricResult, metric_by_name  # noqa: E402
 
 DEFAULT_TSV = REPO.parent / "shared" / "benchmarks" / "begin" / "begin_dev_wow.tsv"
 
 
-# ---- the BEGIN suite (the loader and the statistics are offline_eval.labels and offline_eval.agreement) ---
+# ---- the BEGIN suite (the loader and the statistics are offline_eval.comparison.labels and offline_eval.comparison.agreement) ---
 
 def load_begin(path: Path, seed: int, offset: int, limit: Optional[int]) -> LabelledSet:
     return load_labelled(path).subset(limit, seed, offset)
@@ -158,9 +158,9 @@ def rows_for(per_set: str, name: str) -> int:
 
 def run_sets(args: argparse.Namespace, judge) -> None:
     from offline_eval import evaluate
-    from offline_eval.agreement import agreement, calibration
-    from offline_eval.compare_tables import with_ci
-    from offline_eval.plan import SCORINGS
+    from offline_eval.comparison.agreement import agreement, calibration
+    from offline_eval.comparison.tables import with_ci
+    from offline_eval.run.plan import SCORINGS
 
     tuned = set(args.tuned_on.split(",")) if args.tuned_on else set()
     policies = [p.strip() for p in args.long_inputs.split(",") if p.strip()]
@@ -215,9 +215,9 @@ def run_sets(args: argparse.Namespace, judge) -> None:
 def policy_differences(dump: dict, policies: Sequence[str], args: argparse.Namespace) -> list[str]:
     """Per set, metric and scoring: the first --long-inputs policy's ROC-AUC minus each other's, on the same
     rows, with a paired bootstrap interval (rows resampled together): whether focusing long contexts helps."""
-    from offline_eval.agreement import estimate, roc_auc
-    from offline_eval.compare_tables import with_ci
-    from offline_eval.plan import SCORINGS
+    from offline_eval.comparison.agreement import estimate, roc_auc
+    from offline_eval.comparison.tables import with_ci
+    from offline_eval.run.plan import SCORINGS
 
     others = [(k, v) for k, v in dump.items() if ":" in k]
     if not others:
@@ -239,12 +239,12 @@ def policy_differences(dump: dict, policies: Sequence[str], args: argparse.Names
 
 def transferred_cuts(dump: dict, tuned: set, args: argparse.Namespace) -> list[str]:
     """A cut fit on the tuned-on sets, measured on the others: the raw score where a shift-only recalibration
-    (offline_eval/calibration.py) fit on the tuned-on rows puts 0.5, and each held-out set's kappa there, next
+    (offline_eval/comparison/calibration.py) fit on the tuned-on rows puts 0.5, and each held-out set's kappa there, next
     to its kappa at 0.5. It tells whether a recalibration learnt on one set carries to data it never saw."""
-    from offline_eval.agreement import agreement
-    from offline_eval.calibration import fit
-    from offline_eval.compare_tables import with_ci
-    from offline_eval.plan import SCORINGS
+    from offline_eval.comparison.agreement import agreement
+    from offline_eval.comparison.calibration import fit
+    from offline_eval.comparison.tables import with_ci
+    from offline_eval.run.plan import SCORINGS
 
     fit_on = [name for name in dump if name in tuned]
     if not fit_on:

@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from offline_eval.agreement import (accuracy, agreement, balanced_accuracy, best_threshold, bootstrap_ci,
+from offline_eval.comparison.agreement import (accuracy, agreement, balanced_accuracy, best_threshold, bootstrap_ci,
                                     calibration_split, cohen_kappa, kendall_tau_b, mean_difference, roc_auc,
                                     roc_curve, share_identical, spearman)
-from offline_eval.compare import rank, smallest_within_margin
+from offline_eval.comparison.compare import rank, smallest_within_margin
 
 
 def test_cohen_kappa_by_hand():

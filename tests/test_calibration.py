@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from offline_eval.calibration import Calibration, fit, logit, sigmoid
+from offline_eval.comparison.calibration import Calibration, fit, logit, sigmoid
 
 
 def _rows(slope: float, shift: float, n: int, seed: int = 0):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from offline_eval import evaluate
-from offline_eval.compare import CompareSettings, analyse, run_judges, write_outputs
+from offline_eval.comparison.compare import CompareSettings, analyse, run_judges, write_outputs
 from offline_eval.dataset import DataError
-from offline_eval.labels import load_labelled
+from offline_eval.comparison.labels import load_labelled
 from scripted import ScriptedJudge, user_text
 from shared_data import BEGIN
 
@@ -127,7 +127,7 @@ def test_both_scorings_side_by_side_with_calibration(tmp_path):
     # calibration: P(yes) 0.8 on positives and 0.6 on negatives (half of each): ECE = |0.8-1|/2 + |0.6-0|/2
     assert faith["probability"]["calibration"]["ece"] == pytest.approx(0.4)
     assert faith["argmax"]["calibration"]["ece"] == pytest.approx(0.5)  # all 1.0, half of them positive
-    from offline_eval.compare_tables import all_tables
+    from offline_eval.comparison.tables import all_tables
 
     table = next(t for t in all_tables(analysis) if t.title == "scorings side by side")
     assert {(r[0], r[2]) for r in table.rows} == {(m, s) for m in ("faithfulness", "response_groundedness")
@@ -135,8 +135,8 @@ def test_both_scorings_side_by_side_with_calibration(tmp_path):
 
 
 def test_a_saved_comparison_is_analysed_again_exactly_as_the_live_runs(tmp_path):
-    from offline_eval.compare import json_ready
-    from offline_eval.compare_reuse import load_comparison
+    from offline_eval.comparison.compare import json_ready
+    from offline_eval.comparison.reuse import load_comparison
 
     settings = CompareSettings(reruns=1, resamples=100)
     labels = write_begin(tmp_path / "b.tsv", grounded_rows() * 2)

@@ -1,4 +1,4 @@
-"""Long contexts focused on the passages relevant to the sample (offline_eval/context_focus.py).
+"""Long contexts focused on the passages relevant to the sample (offline_eval/run/context_focus.py).
 
 The selection is plain text processing, tested on its own; the run-level tests use a scripted judge only to
 see which prompts the scheduler sends (the focused contexts, one shared prefix per sample). A real judge on a
@@ -13,10 +13,10 @@ import re
 from collections import Counter
 
 from offline_eval import evaluate
-from offline_eval.context_focus import (_STOPWORDS, BM25_B, BM25_K1, DEFAULT_BUDGET, GAP, PASSAGE_BYTES, _terms,
+from offline_eval.run.context_focus import (_STOPWORDS, BM25_B, BM25_K1, DEFAULT_BUDGET, GAP, PASSAGE_BYTES, _terms,
                                         bm25_scores, estimated_tokens, focus_contexts, split_passages,
                                         split_sentences)
-from offline_eval.long_inputs import parse_policy
+from offline_eval.run.long_inputs import parse_policy
 from scripted import ScriptedJudge, user_text
 
 FILLER = [f"Filler sentence {i} is about the weather in a town with a long name and many quiet parks."

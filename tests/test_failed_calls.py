@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from offline_eval import evaluate
-from offline_eval.gate import summary_document
+from offline_eval.reports.gate import summary_document
 from scripted import FAIL, TagJudge
 
 ROW = dict(user_input="When was Einstein born?", response="Einstein was born in 1879.",

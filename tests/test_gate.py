@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from offline_eval.gate import DEFAULT_MIN_COVERAGE, GateError, check, load_baseline, parse_bars, summary_document
+from offline_eval.reports.gate import DEFAULT_MIN_COVERAGE, GateError, check, load_baseline, parse_bars, summary_document
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 JUDGE = {"engine": "llamacpp", "model": "smollm2-135m-instruct"}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from offline_eval.dataset import DataError
-from offline_eval.labels import is_begin, load_labelled, positive
+from offline_eval.comparison.labels import is_begin, load_labelled, positive
 from shared_data import BEGIN
 
 needs_begin = pytest.mark.skipif(not BEGIN.exists(), reason="the BEGIN dev file is not on this machine")

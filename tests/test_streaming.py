@@ -12,9 +12,9 @@ import pytest
 
 from offline_eval import evaluate
 from offline_eval.dataset import DataError, iter_rows
-from offline_eval.evaluation import evaluate_iter, scan_rows
+from offline_eval.run.evaluation import evaluate_iter, scan_rows
 from offline_eval.metrics.collections import AnswerRelevancy, ContextRecall, Faithfulness
-from offline_eval.scheduler import run_metrics, stream_metrics
+from offline_eval.run.scheduler import run_metrics, stream_metrics
 from offline_eval.dataset import SingleTurnSample
 from scripted import Pipelined, ScriptedJudge
 from test_pipeline import ROWS, HashEmbeddings, answer
@@ -70,7 +70,7 @@ def test_identical_requests_are_sent_once_within_the_window_only(strategy):
 
 
 def test_pipelined_answers_are_forgotten_once_their_samples_are_reported():
-    from offline_eval import pipeline
+    from offline_eval.run import pipeline
 
     seen = []
     original = pipeline._release
@@ -140,7 +140,7 @@ def test_a_scan_counts_every_error_and_keeps_the_first(tmp_path):
 
 
 def test_a_scan_says_how_far_it_has_read(monkeypatch):
-    import offline_eval.evaluation as evaluation
+    import offline_eval.run.evaluation as evaluation
 
     monkeypatch.setattr(evaluation, "SCAN_REPORT_EVERY", 10)
     heard: list[int] = []
@@ -151,9 +151,9 @@ def test_a_scan_says_how_far_it_has_read(monkeypatch):
 
 
 def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
-    from offline_eval.evaluation import row_record
-    from offline_eval.resume import FinishedRows, run_identity, set_aside
-    from offline_eval.results_io import ResultsStream
+    from offline_eval.run.evaluation import row_record
+    from offline_eval.run.resume import FinishedRows, run_identity, set_aside
+    from offline_eval.run.results_io import ResultsStream
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
@@ -196,7 +196,7 @@ def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
         assert changed_metric != identity and not FinishedRows(aside, changed_metric).same_run
         assert FinishedRows(aside, changed_metric).changed == ["metric settings"]
     # a description with a field this release dropped (the separate "scoring" before 2026-12-07) is named too
-    from offline_eval.results_io import META
+    from offline_eval.run.results_io import META
 
     meta = aside.with_name(aside.name + META)
     meta.write_text(json.dumps({**json.loads(meta.read_text(encoding="utf-8")), "scoring": "probability"}))
@@ -205,7 +205,7 @@ def test_a_resume_takes_finished_rows_while_they_match_the_data(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["waves", "pipelined"])
 def test_progress_counts_each_row_as_it_is_reported(strategy):
-    from offline_eval.run_state import Progress
+    from offline_eval.run.state import Progress
 
     class Rows(Progress):
         done: list[int] = []

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from offline_eval import evaluate
-from offline_eval.compare import CompareSettings, analyse, run_judges
+from offline_eval.comparison.compare import CompareSettings, analyse, run_judges
 from offline_eval.dataset import DataError
 from offline_eval.engines.base import JudgeOutput
-from offline_eval.labels import load_labelled
+from offline_eval.comparison.labels import load_labelled
 from offline_eval.viewer.index import Query, ResultsIndex
 from offline_eval.viewer.labels_store import LabelsStore
 from offline_eval.viewer.server import Viewer, make_server

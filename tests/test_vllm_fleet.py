@@ -68,7 +68,7 @@ def samples():
 def run(engine, progress=None):
     """Per sample and metric: the value and the raw outputs of every judge call."""
     from offline_eval.metrics import metric_by_name
-    from offline_eval.scheduler import run_metrics
+    from offline_eval.run.scheduler import run_metrics
 
     results = run_metrics(samples(), [metric_by_name(m) for m in METRICS], judge=engine, progress=progress)
     return [{m: (r[m].value, [(c["text"], c["value"]) for c in r[m].judge_calls]) for m in METRICS} for r in results]

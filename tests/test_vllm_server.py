@@ -135,7 +135,7 @@ def test_faithfulness_end_to_end_has_the_llamacpp_result_shape(engine):
 def test_pipelined_run_has_the_wave_result_shape_and_only_valid_outputs(engine):
     from offline_eval.dataset import SingleTurnSample
     from offline_eval.metrics.collections import AnswerAccuracy, Faithfulness
-    from offline_eval.scheduler import RunStats, run_metrics
+    from offline_eval.run.scheduler import RunStats, run_metrics
 
     samples = [SingleTurnSample(**s, reference=s["retrieved_contexts"][0]) for s in SAMPLES]
     metrics = [Faithfulness(), AnswerAccuracy()]
@@ -175,7 +175,7 @@ def test_token_counts_use_the_servers_tokenizer_and_chat_template(engine):
 def test_long_contexts_are_cut_to_the_servers_context_window(engine):
     from offline_eval.dataset import SingleTurnSample
     from offline_eval.engines.base import prompt_token_counts
-    from offline_eval.long_inputs import fit_contexts
+    from offline_eval.run.long_inputs import fit_contexts
     from offline_eval.metrics.collections import ContextRelevance
 
     sample = SingleTurnSample(user_input="Where does the Danube end?",

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..dataset import SingleTurnSample
-from ..plan import Embed
+from ..run.plan import Embed
 from .base import YES_NO, Metric, MetricResult, Plan, p_yes, verdict
 from .claims import CLAIMS, check_claim, claims_of, extract_claims, verdict_lines
 

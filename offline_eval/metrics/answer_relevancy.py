@@ -17,7 +17,7 @@ import numpy as np
 
 from ..constraints import JsonSchema, array, copyable, enum, obj, string
 from ..dataset import SingleTurnSample
-from ..plan import Embed
+from ..run.plan import Embed
 from .base import Metric, MetricResult, Plan, request
 
 MAX_QUESTION_CHARS = 200

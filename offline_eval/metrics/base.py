@@ -19,11 +19,11 @@ from typing import Any, Iterable, Optional, Sequence
 from ..constraints import Choice, Constraint
 from ..dataset import SingleTurnSample, ValidationError, check_row, load_rows, to_sample
 from ..engines.base import JudgeOutput, JudgeRequest, Sampling
-from ..plan import (DEFAULT_SCORING, LANGUAGE_NAMES, PROMPT_LANGUAGES, MetricResult, Plan, check_scoring,
+from ..run.plan import (DEFAULT_SCORING, LANGUAGE_NAMES, PROMPT_LANGUAGES, MetricResult, Plan, check_scoring,
                     detect_language)
 # The Ragas-style methods run metrics through the run entry point. This is no cycle: the run core imports only
 # plan.py (and Metric under TYPE_CHECKING), never this module or the metrics package.
-from ..scheduler import run_metrics
+from ..run.scheduler import run_metrics
 
 YES_NO = Choice(("yes", "no"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..dataset import FIELDS, DataError
-from ..labels import LABEL_SUFFIX, label_metric
+from ..comparison.labels import LABEL_SUFFIX, label_metric
 from .index import ResultsIndex, inputs_digest
 
 ROW_KEY = "results_row"

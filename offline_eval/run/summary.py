@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from .run_state import RunStats
+from .state import RunStats
 
 MAX_WARNINGS = 1000  # warnings kept (each names a row); the rest are counted
 

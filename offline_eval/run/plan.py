@@ -14,12 +14,12 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generator, Optional, Union
 
-from .constraints import Choice
-from .dataset import SingleTurnSample
-from .engines.base import JudgeRequest
+from ..constraints import Choice
+from ..dataset import SingleTurnSample
+from ..engines.base import JudgeRequest
 
 if TYPE_CHECKING:  # only for hints: metrics.base imports the run core, which imports this module
-    from .metrics.base import Metric
+    from ..metrics.base import Metric
 
 
 # How a metric turns constrained answers into a value:

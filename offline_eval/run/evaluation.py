@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-from .cache import open_cache
-from .dataset import FIELDS, Row, RowError, ValidationError, check_row, iter_rows, load_rows, to_sample
-from .metrics import ALL, Metric, MetricResult, metric_by_name
-from .metrics.base import Metric as _Metric
-from .judges import resolve_judge
+from ..cache import open_cache
+from ..dataset import FIELDS, Row, RowError, ValidationError, check_row, iter_rows, load_rows, to_sample
+from ..metrics import ALL, Metric, MetricResult, metric_by_name
+from ..metrics.base import Metric as _Metric
+from ..judges import resolve_judge
 from .long_inputs import DEFAULT_POLICY
-from .run_state import Progress, RunStats, failed_calls
+from .state import Progress, RunStats, failed_calls
 from .results_io import record_line, results_writer
-from .run_summary import RunSummary
+from .summary import RunSummary
 from .scheduler import DEFAULT_WINDOW, stream_metrics
 
 _ALIASES = {"answer_relevance": "answer_relevancy"}
@@ -367,7 +367,7 @@ class EvaluationResult:
         return self.run_summary().summary()
 
     def run_summary(self) -> RunSummary:
-        """The summary a streamed run accumulates (run_summary.py), from this result's records."""
+        """The summary a streamed run accumulates (run/summary.py), from this result's records."""
         summary = RunSummary(self.metric_names, self.judge, self.stats)
         for record in self.records():
             summary.add(record)
@@ -376,7 +376,7 @@ class EvaluationResult:
     @property
     def warnings(self) -> list[str]:
         """Rows whose contexts were truncated to fit the judge, or not scored because they did not fit (the first
-        run_summary.MAX_WARNINGS)."""
+        summary.MAX_WARNINGS)."""
         return self.run_summary().warnings
 
     @property

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .context_focus import DEFAULT_BUDGET, focus_contexts
-from .dataset import SingleTurnSample
-from .engines.base import TEMPLATE_MARGIN, JudgeRequest, abilities, prompt_token_counts
+from ..dataset import SingleTurnSample
+from ..engines.base import TEMPLATE_MARGIN, JudgeRequest, abilities, prompt_token_counts
 from .plan import MetricResult, Plan, plan_in, probes_in
 
 if TYPE_CHECKING:  # only for hints: metrics.base imports the run core
-    from .metrics.base import Metric
+    from ..metrics.base import Metric
 
 POLICIES = ("focus", "truncate", "error")
 DEFAULT_POLICY = "focus"

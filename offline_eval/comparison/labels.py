@@ -28,9 +28,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .dataset import DataError, Row, load_rows
-from .metrics import METRIC_ALIASES
-from .metrics.collections import ALL
+from ..dataset import DataError, Row, load_rows
+from ..metrics import METRIC_ALIASES
+from ..metrics.collections import ALL
 
 LABEL_SUFFIX = "_label"
 BEGIN_COLUMNS = ("model_name", "data_source", "knowledge", "message", "response", "begin_label")

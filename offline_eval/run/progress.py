@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress as _Bar, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
-from .run_state import Progress
+from .state import Progress
 
 
 class RichProgress(Progress):

@@ -5,7 +5,7 @@ for that stage's answers only, and sends its next stage at once. A sample's clai
 samples still wait for their claims, so the server always has `max_concurrency` requests to batch, instead of
 draining to zero at the end of every wave. A new sample is read as soon as the oldest one is reported.
 
-Same contract as the waves in scheduler.py, through the state both share (run_state.py):
+Same contract as the waves in scheduler.py, through the state both share (state.py):
 - identical requests are sent once within the window: the first asker's future is shared by every later one,
   and forgotten once no sample in the window asked for it;
 - the persistent cache answers before the engine, and each new output is stored (committed) as soon as it
@@ -33,10 +33,10 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import numpy as np
 
-from .engines.aio import run_sync
-from .engines.base import JudgeOutput, JudgeRequest, abilities
+from ..engines.aio import run_sync
+from ..engines.base import JudgeOutput, JudgeRequest, abilities
 from .plan import Embed
-from .run_state import (Feed, Progress, RunStats, SampleRun, Task, deliver, embed_texts, embedder_for,
+from .state import (Feed, Progress, RunStats, SampleRun, Task, deliver, embed_texts, embedder_for,
                         embedding_lane)
 
 EMBED_WINDOW = 0.02  # seconds: long enough to batch every plan that reaches its embedding stage together

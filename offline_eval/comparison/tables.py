@@ -1,5 +1,5 @@
 """The tables of a judge comparison, built once from `compare.analyse`'s output and rendered three ways:
-a rich table for the terminal, markdown, and HTML (report_html.py)."""
+a rich table for the terminal, markdown, and HTML (reports/html.py)."""
 
 from __future__ import annotations
 

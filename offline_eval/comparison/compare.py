@@ -27,15 +27,15 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .agreement import agreement, calibration, cohen_kappa, mean_difference, share_identical
-from .dataset import ValidationError
-from .engines.base import Engine
-from .evaluation import evaluate, validate
+from ..dataset import ValidationError
+from ..engines.base import Engine
+from ..run.evaluation import evaluate, validate
 from .labels import LabelledSet, is_binary, positive
-from .metrics import MetricResult, metric_by_name
-from .plan import SCORINGS
-from .metrics.answer_accuracy import RATING as _AA_RATING
-from .metrics.context_relevance import RATING as _CR_RATING
-from .metrics.response_groundedness import RATING as _RG_RATING
+from ..metrics import MetricResult, metric_by_name
+from ..run.plan import SCORINGS
+from ..metrics.answer_accuracy import RATING as _AA_RATING
+from ..metrics.context_relevance import RATING as _CR_RATING
+from ..metrics.response_groundedness import RATING as _RG_RATING
 
 RANK_BY = ("auc", "balanced_accuracy", "kappa", "accuracy", "spearman", "kendall")
 # The dual-judge metrics and the top of their rating scale (their ratings are in details["ratings"]).
@@ -80,8 +80,8 @@ class JudgeRun:
 def load_judge(name: str) -> Engine:
     """A fresh engine for a models.yaml judge (or .gguf path), not shared with `llm_factory`'s cache, so
     closing it frees exactly this judge."""
-    from .engines.registry import load_engine
-    from .models import Registry
+    from ..engines.registry import load_engine
+    from ..models import Registry
 
     return load_engine(Registry.load().get(name, "judge"))
 
@@ -114,7 +114,7 @@ def run_judges(labelled: LabelledSet, models: Sequence[str], settings: CompareSe
     metrics = choose_metrics(labelled, settings.metrics)
     check_inputs(labelled, metrics)
     if any(metric_by_name(m).needs_embeddings for m in metrics):
-        from .judges import resolve_embeddings
+        from ..judges import resolve_embeddings
 
         embeddings = resolve_embeddings(embeddings)  # loaded once, before the first judge's memory baseline
     runs = []
@@ -165,7 +165,7 @@ def weights_size(name: str, identity: dict[str, Any]) -> Optional[int]:
         return int(identity["weights_size"])
     path = identity.get("weights")
     if not path:
-        from .models import ModelError, Registry, locate_weights
+        from ..models import ModelError, Registry, locate_weights
 
         try:
             spec = Registry.load().get(name, "judge")
@@ -369,8 +369,8 @@ def results_file_name(judge: str) -> str:
 def write_outputs(analysis: dict[str, Any], runs: Sequence[JudgeRun], out_dir: Path) -> dict[str, Path]:
     """compare.json (everything, re-renderable), compare.md, compare.html, and per judge its results file
     (the `offline-eval run` format, so `offline-eval report` renders it)."""
-    from .compare_tables import markdown_report
-    from .report_html import compare_report
+    from .tables import markdown_report
+    from ..reports.html import compare_report
 
     out_dir.mkdir(parents=True, exist_ok=True)
     ready = json_ready(analysis)

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .metrics import METRIC_ALIASES
+from ..metrics import METRIC_ALIASES
 
 SUMMARY_FORMAT = "offline-eval-summary"
 DEFAULT_MAX_DROP = 0.02

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .dataset import FIELDS, Row
-from .metrics.base import Metric
+from ..dataset import FIELDS, Row
+from ..metrics.base import Metric
 from .results_io import META
 
 ASIDE = ".resume"
@@ -33,7 +33,7 @@ def run_identity(judge: dict[str, Any], metrics: Sequence[Metric], long_inputs: 
     settings (its scoring among them), the long-input policy, the embeddings, the data file, and the package
     version (its prompts: the judge cache tells prompt changes apart, records copied from a partial file do
     not)."""
-    from . import __version__
+    from .. import __version__
 
     return {"judge": judge, "metrics": [m.config() for m in metrics], "long_inputs": long_inputs,
             "embeddings": embeddings, "data": str(Path(data).resolve()), "offline_eval": __version__}

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from .cache import JudgeCache
-from .engines.base import Engine, EngineError, JudgeOutput, JudgeRequest, abilities, prefix_order
+from ..cache import JudgeCache
+from ..engines.base import Engine, EngineError, JudgeOutput, JudgeRequest, abilities, prefix_order
 from .plan import DEFAULT_SCORING, MetricResult, Plan
 
 if TYPE_CHECKING:  # only for hints: metrics.base imports the run core
-    from .metrics.base import Metric
+    from ..metrics.base import Metric
 
 
 @dataclass

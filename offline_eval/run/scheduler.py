@@ -15,7 +15,7 @@ Within the window it runs the plans in one of two ways:
   server never idles at a wave boundary.
 
 Both feed plans through `deliver`, answer requests through `Feed` (cache, then engine) and fill the same
-RunStats and progress: that shared state lives in run_state.py, which both strategies import.
+RunStats and progress: that shared state lives in state.py, which both strategies import.
 
 With a persistent cache (cache.py), a wave first takes what the cache has, then sends the rest to the engine
 in chunks, sorted so shared prefixes stay together (engines/base.py prefix_order), and stores each chunk as soon as it returns:
@@ -33,18 +33,18 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .cache import JudgeCache
-from .dataset import SingleTurnSample
-from .engines.base import Engine, JudgeRequest, abilities
-from .judges import resolve_embeddings, resolve_judge
+from ..cache import JudgeCache
+from ..dataset import SingleTurnSample
+from ..engines.base import Engine, JudgeRequest, abilities
+from ..judges import resolve_embeddings, resolve_judge
 from .long_inputs import DEFAULT_POLICY, fitted_plans
 from .pipeline import stream_pipelined
 from .plan import Embed, MetricResult, check_scoring
-from .run_state import (Feed, Progress, RunStats, SampleRun, Task, advance, deliver, embed_texts, embedder_for,
+from .state import (Feed, Progress, RunStats, SampleRun, Task, advance, deliver, embed_texts, embedder_for,
                         embedding_lane)
 
 if TYPE_CHECKING:  # only for hints: metrics.base imports run_metrics from here
-    from .metrics.base import Metric
+    from ..metrics.base import Metric
 
 
 DEFAULT_WINDOW = 1000  # samples read but not yet reported: what bounds a run's memory (scripts/bench_run_core.py)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .compare import CompareSettings, JudgeRun, MetricRun, check_inputs, choose_metrics, weights_size
-from .labels import LabelledSet
-from .metrics import metric_by_name
+from ..comparison.compare import CompareSettings, JudgeRun, MetricRun, check_inputs, choose_metrics, weights_size
+from ..comparison.labels import LabelledSet
+from ..metrics import metric_by_name
 
 
 @dataclass
