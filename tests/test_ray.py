@@ -132,7 +132,8 @@ def test_every_row_once_on_both_nodes_and_the_local_records(cluster, tmp_path):
         r["metrics"]["answer_accuracy"]["value"] for r in read_jsonl(out)) / 6)
 
 
-def test_a_rerun_skips_finished_blocks_and_redoes_lost_or_changed_rows(cluster, tmp_path):
+def test_a_rerun_skips_finished_blocks_and_redoes_lost_or_changed_rows(cluster, tmp_path, monkeypatch):
+    from offline_eval.scale import ray_run
     from offline_eval.scale.ray_run import evaluate_on_ray
 
     out = tmp_path / "results.parquet"
@@ -158,6 +159,15 @@ def test_a_rerun_skips_finished_blocks_and_redoes_lost_or_changed_rows(cluster, 
     assert [json.loads(r["record"]) for r in table] == local_records(scripted_judge(), changed)
     assert [r["answer_accuracy"] for r in table] == [json.loads(r["record"])["metrics"]["answer_accuracy"]["value"]
                                                       for r in table]
+
+    # a third run finds every row in a part: it merges them without starting Ray or loading a judge
+    def no_ray(address=None):
+        raise AssertionError("Ray was asked for although every row is done")
+
+    monkeypatch.setattr(ray_run, "ray_connection", no_ray)
+    third = evaluate_on_ray(changed, METRICS, scripted_judge, replicas=2, output=out, block_rows=2)
+    assert third.stats.judge_calls == 0 and all(b.get("reused") for b in third.blocks)
+    assert pq.read_table(out).to_pylist() == table
 
 
 def test_invalid_rows_are_skipped_in_place(cluster, tmp_path):

@@ -51,6 +51,7 @@ import time
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 
@@ -204,14 +205,14 @@ def read_header(path: Path) -> Optional[dict[str, Any]]:
     return header if isinstance(header, dict) and header.get("offline_eval_part") == PART_FORMAT else None
 
 
-def finished_rows(parts: Path) -> dict[int, tuple[str, Path]]:
-    """The rows the finished parts hold: row number -> (its digest then, the part). The first part listing a row
-    wins."""
-    done: dict[int, tuple[str, Path]] = {}
+def finished_rows(parts: Path) -> dict[tuple[int, str], Path]:
+    """The rows the finished parts hold: (row number, its digest then) -> the first part listing it. A row
+    changed since may be listed under its old digest too: only a part with its current digest holds it."""
+    done: dict[tuple[int, str], Path] = {}
     for path in sorted(parts.glob("part-*.jsonl")):
         header = read_header(path)
         for number, digest in (header or {}).get("rows", []):
-            done.setdefault(number, (digest, path))
+            done.setdefault((number, digest), path)
     return done
 
 
@@ -368,8 +369,8 @@ def run_on_ray(
                 records.write(_dumps(row_record(row, None, [str(e) for e in errors])) + "\n")
                 continue
             item = row_item(row)
-            digest, path = done.get(row.number, (None, None))
-            if digest == item["digest"]:
+            path = done.get((row.number, item["digest"]))
+            if path is not None:
                 sources.setdefault(path, array("q")).append(row.number)
                 continue
             sent.append(row.number)
@@ -386,15 +387,18 @@ def run_on_ray(
     replica_args = dict(model=spec, options=options, metrics=[_bare(m) for m in scan.metrics],
                         embeddings=embeddings, cache=cache, long_inputs=long_inputs, run=run)
     with open(skipped, "w", encoding="utf-8") as records:
-        with ray_connection(address):
-            for item in _score_blocks(blocks(records), replica_args, placement, spec):
-                path = write_part(parts, item["part"], item["header"], item["records"])
-                header = json.loads(item["header"])
-                sources[path] = array("q", (n for n, _ in header["rows"]))
-                new.add(path)
-                judge = header["judge"]
-                _add_stats(stats, header["stats"])
-                on_block(header)
+        pending = blocks(records)
+        first = next(pending, None)
+        if first is not None:  # else earlier parts hold every row: no Ray to start, no judge to load
+            with ray_connection(address):
+                for item in _score_blocks(chain([first], pending), replica_args, placement, spec):
+                    path = write_part(parts, item["part"], item["header"], item["records"])
+                    header = json.loads(item["header"])
+                    sources[path] = array("q", (n for n, _ in header["rows"]))
+                    new.add(path)
+                    judge = header["judge"]
+                    _add_stats(stats, header["stats"])
+                    on_block(header)
     if sum(len(sources[p]) for p in new) != len(sent):
         missing = sorted(set(sent) - {n for p in new for n in sources[p]})
         raise RayRunError(f"{len(missing)} row(s) came back from no block: {missing[:20]}")
