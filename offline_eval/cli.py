@@ -179,7 +179,6 @@ def run(
         raise _fail("--ray runs the judge in process on every replica (vLLM, or llama.cpp for a GGUF model): "
                     "--engine, --server and --base-url do not apply", EXIT_BAD_INPUT)
     urls = [u.strip() for u in base_url.split(",") if u.strip()] if base_url else []
-    to_score = chosen if metrics else None  # None: the default set, whose rows may lack some metrics' fields
     try:
         if ray:  # each replica opens the judge cache of its own node (or `--cache PATH`, a path every node has)
             from .scale.ray_run import Placement, RayRunError, run_on_ray
