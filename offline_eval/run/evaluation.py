@@ -138,6 +138,16 @@ def scan_rows(dataset: Any, metrics: Optional[Sequence[Any]] = None, kept: Optio
     return scan
 
 
+def checked_scan(dataset: Any, metrics: Optional[Sequence[Any]], skip_invalid: bool,
+                 kept: Optional[int] = None) -> Scan:
+    """`scan_rows`, raising a ValidationError that lists the row errors (the first `kept`) before any judge
+    time, unless `skip_invalid`."""
+    scan = scan_rows(dataset, metrics, kept)
+    if scan.errors and not skip_invalid:
+        raise ValidationError(scan.errors)
+    return scan
+
+
 def _counted(rows: Iterable[Row], on_rows: Callable[[int], None]) -> Iterator[Row]:
     for n, row in enumerate(rows, 1):
         if n % SCAN_REPORT_EVERY == 0:
@@ -191,9 +201,7 @@ def evaluate(
     decides each result's `value`; both are in every result's `scores`. Default: each metric's `scoring`.
     `window`: the most samples in flight at once (scheduler.DEFAULT_WINDOW)."""
     rows = load_rows(dataset)
-    scan = scan_rows(rows, metrics)
-    if scan.errors and not skip_invalid:
-        raise ValidationError(scan.errors)
+    scan = checked_scan(rows, metrics, skip_invalid)
     by_row: dict[int, dict[str, MetricResult]] = {}
     errors: list[RowError] = []
 
@@ -217,9 +225,7 @@ def evaluate_iter(dataset: Any, metrics: Optional[Sequence[Any]] = None, *, skip
     (twice: first to validate every row, before any judge time). `options` are `evaluate`'s (llm,
     embeddings, cache, long_inputs, scoring, window, show_progress, progress). The run goes on in a worker
     thread, at most a window of records ahead of the caller; closing the iterator stops it."""
-    scan = scan_rows(dataset, metrics, kept=1000)
-    if scan.errors and not skip_invalid:
-        raise ValidationError(scan.errors)
+    scan = checked_scan(dataset, metrics, skip_invalid, kept=1000)
     records: queue.Queue = queue.Queue(maxsize=options.get("window") or DEFAULT_WINDOW)
     stop = threading.Event()
     done = object()
@@ -305,19 +311,6 @@ def score_rows(dataset: Any, scan: Scan, on_row: Callable[[Row, Optional[dict[st
         if owned:
             store.close()
     return engine, stats
-
-
-def scorable_rows(dataset: Any, metrics: Optional[Sequence[Any]], skip_invalid: bool,
-                  ) -> tuple[list[Row], list[Metric], list[RowError], list[Row]]:
-    """The dataset's rows, the chosen metrics, every row error, and the rows to score. Invalid rows raise a
-    ValidationError listing them all, before any judge time, unless `skip_invalid`."""
-    rows = load_rows(dataset)
-    chosen = select_metrics(metrics, rows)
-    errors = validate(rows, chosen, partial=metrics is None)
-    if errors and not skip_invalid:
-        raise ValidationError(errors)
-    bad = {e.row.number for e in errors}
-    return rows, chosen, errors, [r for r in rows if r.number not in bad]
 
 
 def row_record(row: Row, results: Optional[dict[str, MetricResult]],

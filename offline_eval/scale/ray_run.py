@@ -23,14 +23,14 @@ Design
 - Resume is per block: a rerun reads the part headers first, and a row whose number and digest a part lists
   is done; only the others go to Ray. Within a run Ray retries the block of a lost worker (the actor restarts,
   on another node if its node is gone, and its tasks retry); a lost driver or cluster loses only the blocks
-  that had not come back. Parts are kept after the merge, so a finished run reruns in seconds; delete the folder to
-  start over. (The SQLite judge cache is per node, as locally; per-block parts are what make a cluster run
+  that had not come back. Parts are kept after the merge, so a finished run reruns in seconds; delete the
+  folder to start over. (The SQLite judge cache is per node, as locally; per-block parts are what make a cluster run
   resumable.)
 - Finally the parts (and the records of skipped invalid rows, which the driver wrote to a file as it met them)
   are merged in row order into the output: a k-way merge of the sorted parts, which opens a part only when its
   first row comes up. Each record goes to `on_record` as it is written (the CLI sums its summary from them).
-  `.parquet` outputs get columns `row`, one float column per metric (null: no value) and `record` (the JSON record as
-  text); any other name gets JSONL, the `run` format.
+  `.parquet` outputs get columns `row`, one float column per metric (null: no value) and `record` (the JSON
+  record as text); any other name gets JSONL, the `run` format.
 - Placement: each replica asks for `num_cpus` CPUs, `num_gpus` GPUs (default: the model's
   tensor_parallel_size when the cluster has GPUs, else none) and any custom `resources`. Every replica loads
   before work begins (within `start_timeout`), so a cluster that cannot place them fails with an error, not a
@@ -55,8 +55,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 
-from ..dataset import Row, ValidationError, iter_rows, load_rows, to_sample
-from ..run.evaluation import EvaluationResult, Scan, row_record, scan_rows
+from ..dataset import Row, iter_rows, load_rows, to_sample
+from ..run.evaluation import EvaluationResult, Scan, checked_scan, row_record
 from ..run.long_inputs import DEFAULT_POLICY
 from ..metrics import Metric, MetricResult
 from ..run.results_io import json_default, results_writer
@@ -78,7 +78,7 @@ def _dumps(value: Any) -> str:
 
 
 def row_item(row: Row) -> dict[str, Any]:
-    """A row as a Dataset item: its number, its content as JSON and that JSON's digest."""
+    """A row as it travels to a replica: its number, its content as JSON and that JSON's digest."""
     payload = _dumps({"number": row.number, "data": row.data, "line": row.line, "extra": row.extra})
     return {"row": row.number, "digest": hashlib.sha256(payload.encode()).hexdigest()[:16], "payload": payload}
 
@@ -447,9 +447,7 @@ def evaluate_on_ray(
     new block's header as it finishes. This holds every row and result in memory, as `evaluate` does; for
     data larger than memory, use `run_on_ray` (what `offline-eval run --ray` runs)."""
     rows = load_rows(rows)
-    scan = scan_rows(rows, metrics)
-    if scan.errors and not skip_invalid:
-        raise ValidationError(scan.errors)
+    scan = checked_scan(rows, metrics, skip_invalid)
     output = Path(output) if output else _temporary_output()
     results: dict[int, dict[str, MetricResult]] = {}
     blocks: list[dict[str, Any]] = []
