@@ -11,7 +11,7 @@ from .run.evaluation import EvaluationResult, evaluate, evaluate_iter
 from .judges import Embeddings, embedding_factory, llm_factory
 from .metrics import MetricResult
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 __all__ = ["evaluate", "evaluate_iter", "EvaluationResult", "EvaluationDataset", "SingleTurnSample",
            "MetricResult", "llm_factory", "embedding_factory", "Embeddings", "DataError", "ValidationError"]

@@ -11,10 +11,10 @@ import pytest
 from offline_eval.cache import JudgeCache
 from offline_eval.constraints import Choice, JsonSchema, array, obj, string
 from offline_eval.engines.base import JudgeRequest
-from offline_eval.metrics import Faithfulness, ResponseGroundedness
+from offline_eval.metrics import ContextRelevance, Faithfulness, ResponseGroundedness
 from offline_eval.metrics.base import YES_NO
 from offline_eval.run.scheduler import run_metrics
-from scripted import ScriptedJudge
+from scripted import FAIL, ScriptedJudge, TagJudge
 
 RATING = Choice(("0", "1", "2"))
 
@@ -102,8 +102,9 @@ def test_both_scorings_in_every_result_and_the_switch_picks_the_value():
     (argmax,) = run_metrics([_sample()], metrics, judge=judge, scoring="argmax")
     assert prob["faithfulness"].scores == pytest.approx({"probability": 0.55, "argmax": 0.5})
     assert prob["faithfulness"].value == pytest.approx(0.55) and argmax["faithfulness"].value == 0.5
-    # P("2", fully grounded) of the two templates' distributions combined: products 0, 0.24, 0.12
-    p_top = 0.6 * 0.2 / (0.1 * 0.0 + 0.3 * 0.8 + 0.6 * 0.2)
+    # P("2", fully grounded) of the two templates' distributions combined, the first weighted 1.5, the second 0.5
+    joint = [p1 ** 1.5 * p2 ** 0.5 for p1, p2 in [(0.1, 0.0), (0.3, 0.8), (0.6, 0.2)]]
+    p_top = joint[2] / sum(joint)
     assert prob["response_groundedness"].scores == pytest.approx({"probability": p_top, "argmax": 0.75})
     assert argmax["response_groundedness"].value == 0.75
     # Each judge call's record carries its distribution.
@@ -121,6 +122,32 @@ def test_two_templates_that_lean_the_same_way_say_so_more_firmly_together():
     judge = _judge([], {"judge1": {"0": 0.0, "1": 0.0, "2": 1.0}, "judge2": {"0": 1.0, "1": 0.0, "2": 0.0}})
     (res,) = run_metrics([_sample()], [ResponseGroundedness(llm=judge)], judge=judge)
     assert res["response_groundedness"].scores["probability"] == pytest.approx(0.5)
+
+
+def test_groundedness_leans_on_its_first_template_where_the_two_disagree():
+    """Response groundedness weighs the first template's distribution 1.5 and the second's 0.5 (their sum, 2,
+    keeps the product's firmness): swapping two templates that disagree moves its score, while Context
+    Relevance, whose templates count alike, gives the same score either way."""
+    sure, unsure = {"0": 0.1, "1": 0.2, "2": 0.7}, {"0": 0.2, "1": 0.5, "2": 0.3}
+
+    def p_top(metric, first, second):
+        judge = _judge([], {"judge1": first, "judge2": second})
+        (res,) = run_metrics([_sample()], [metric(llm=judge)], judge=judge)
+        return res[metric.name].scores["probability"]
+
+    def weighted(first, second, w1, w2):
+        joint = {k: first[k] ** w1 * second[k] ** w2 for k in first}
+        return joint["2"] / sum(joint.values())
+
+    assert p_top(ResponseGroundedness, sure, unsure) == pytest.approx(weighted(sure, unsure, 1.5, 0.5))
+    assert p_top(ResponseGroundedness, unsure, sure) == pytest.approx(weighted(unsure, sure, 1.5, 0.5))
+    assert p_top(ResponseGroundedness, sure, unsure) > p_top(ResponseGroundedness, unsure, sure)
+    assert p_top(ContextRelevance, sure, unsure) == pytest.approx(p_top(ContextRelevance, unsure, sure))
+    assert p_top(ContextRelevance, sure, unsure) == pytest.approx(weighted(sure, unsure, 1, 1))
+    # a lone rating (the other call failed) is read as it stands, unweighted
+    judge = TagJudge({"judge1": FAIL, "judge2": unsure})
+    (res,) = run_metrics([_sample()], [ResponseGroundedness(llm=judge)], judge=judge)
+    assert res["response_groundedness"].scores["probability"] == pytest.approx(0.3)
 
 
 def test_metric_level_scoring_and_bad_names():

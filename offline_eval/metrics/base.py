@@ -86,22 +86,25 @@ def top_rating_probability(output: JudgeOutput, scale: float) -> Optional[float]
     return float(output.value == top)
 
 
-def joint_top_probability(outputs: Sequence[JudgeOutput], scale: float) -> Optional[float]:
+def joint_top_probability(outputs: Sequence[JudgeOutput], scale: float,
+                          weights: Optional[Sequence[float]] = None) -> Optional[float]:
     """P(top rating) with the templates' distributions combined as a product of experts: each template is
     evidence about the same rating, so P(r) is proportional to the product of the templates' P(r). Where both
     lean to the top rating the joint says so more firmly; where they disagree it stays low. Chosen over the
     mean of the templates' P(top) on BEGIN dev, the tuning set (response groundedness: ROC-AUC 0.945 vs 0.943,
     kappa at 0.5 0.65 vs 0.30; README, "How well the default judge agrees with people"). Where a call gave no
     distribution, or the templates are certain of different ratings, it is the mean of their P(top); None if
-    every call failed."""
+    every call failed. `weights`: each template's exponent in the product (default 1 each), used only when
+    every template gave a rating, so a lone rating is read as it stands."""
     valid = [o for o in outputs if o.value is not None]
     if not valid:
         return None
     mean = mean_of_valid(top_rating_probability(o, scale) for o in valid)
     if not all(o.probabilities for o in valid):
         return mean
+    exponents = weights if weights is not None and len(valid) == len(outputs) else [1.0] * len(valid)
     options = valid[0].probabilities.keys()
-    joint = {k: math.prod(o.probabilities.get(k, 0.0) for o in valid) for k in options}
+    joint = {k: math.prod(o.probabilities.get(k, 0.0) ** w for o, w in zip(valid, exponents)) for k in options}
     total = sum(joint.values())
     return joint[str(int(scale))] / total if total > 0 else mean
 
@@ -197,13 +200,14 @@ class Metric:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: dict[str, str]) -> Plan:
+def two_judges(first: JudgeRequest, second: JudgeRequest, scale: float, labels: dict[str, str],
+               weights: Optional[Sequence[float]] = None) -> Plan:
     """The NVIDIA-style dual judge: two templates rate the same sample; each rating is scaled to [0, 1]
     and the score is the mean of the valid ones (if only one is valid, that one). The probability scoring is
-    P(top rating) of the two templates' distributions combined (`joint_top_probability`)."""
+    P(top rating) of the two templates' distributions combined (`joint_top_probability`, with `weights`)."""
     outputs = yield [first, second]
     score = mean_of_valid(rating(o, scale) for o in outputs)
-    p_top = joint_top_probability(outputs, scale)
+    p_top = joint_top_probability(outputs, scale, weights)
     raw = [o.value for o in outputs]
     said = [f"judge {i}: {labels[r]}" for i, r in enumerate(raw, 1) if r is not None]
     reason = f"ratings {raw[0]} and {raw[1]} (of {int(scale)}); " + "; ".join(said or ["no valid rating"])

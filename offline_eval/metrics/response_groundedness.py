@@ -1,6 +1,8 @@
 """Response Groundedness (NVIDIA): is the response supported by the retrieved contexts?
 
 Two judge templates rate 0, 1 or 2; each rating is divided by 2 and the score is the mean of the valid ones.
+The probability scoring combines the two templates' distributions with the first, fuller rubric weighted 3:1
+(TEMPLATE_WEIGHTS).
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ _ITEM = {
     "zh": "### 断言：{a}\n\n依据性评分（0、1 或 2）：",
 }
 
+# Exponents of the two templates' distributions in their product (metrics/base.py joint_top_probability). On
+# BEGIN dev, the tuning set, the first template alone ranked better than the second (ROC-AUC 0.955 vs 0.902)
+# and than the plain product (0.938), whose firmness set kappa at 0.5 (0.65; the first alone 0.30). 1.5 and
+# 0.5 keep the product's sum of 2 and lean on the first: 0.955, kappa 0.70. On the held-out sets the change is
+# small and within its intervals (ROC-AUC CiteCheck +0.010, WiCE +0.003; README, "How well the default judge
+# agrees with people"); it was adopted by a rule fixed before they were measured.
+TEMPLATE_WEIGHTS = (1.5, 0.5)
+
 LABELS = {"0": "the response is not grounded in the contexts",
           "1": "the response is partially grounded in the contexts",
           "2": "the response is fully grounded in the contexts"}
@@ -57,4 +67,4 @@ class ResponseGroundedness(Metric):
         item, contexts = _ITEM[lang].format(a=sample.response), sample.retrieved_contexts
         first = request(lang, _JUDGE1[lang], item, RATING, "judge1", contexts)
         second = request(lang, _JUDGE2[lang], item, RATING, "judge2", contexts)
-        return (yield from two_judges(first, second, 2, LABELS))
+        return (yield from two_judges(first, second, 2, LABELS, TEMPLATE_WEIGHTS))
