@@ -31,7 +31,8 @@ Examples (from the repository root, with PYTHONPATH=. and OFFLINE_EVAL_THREADS=2
   python scripts/judge_accuracy.py --limit 120 --seed 0 --offset 120     # the next 120 rows: a disjoint subset
   python scripts/judge_accuracy.py --metrics response_groundedness --output rows.csv
   python scripts/judge_accuracy.py --suite sanity
-  python scripts/judge_accuracy.py --suite sets --sets begin,citecheck,wice --per-set begin=40,citecheck=40,wice=20  # README
+  python scripts/judge_accuracy.py --suite sets --sets begin,citecheck,wice --per-set begin=40,citecheck=80,wice=40 \
+      --long-inputs focus  # the README table
 
 Rows are taken in a random order fixed by --seed, so (--seed, --offset, --limit) names a reproducible subset
 and two subsets with the same seed and non-overlapping offsets never share a row.
